@@ -1,0 +1,142 @@
+"""The diagnostics table and located diagnostics.
+
+Every user-facing error has a code ``AF###`` defined exactly once in the table below, assembled
+from one module per layer (the code's hundreds digit says which):
+
+======  ===================  ================================================
+range   module               what it covers
+======  ===================  ================================================
+AF1xx   ``syntax``           YAML and .af syntax, unreadable files
+AF2xx   ``schema``           unknown keys, wrong value types, missing keys
+AF3xx   ``rules``            the language's rules (LANGUAGE.md), cross-references
+AF4xx   ``compile``          compiler findings: placement, staleness, batch
+AF5xx   ``overrides``        ``--set key.path=value`` overrides
+AF6xx   ``runtime``          run-time user errors (resume, engines, data)
+======  ===================  ================================================
+
+Each :class:`Code` carries examples: a source with the mistake and the text at which the
+diagnostic must point. ``compiler_tests/test_diagnostics_table.py`` walks every example.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from asyncflow.dsl.loc import SOURCES, SourceLoc, Sources
+from asyncflow.errors import UserError
+
+
+@dataclass(frozen=True)
+class Example:
+    """A source holding one mistake; the diagnostic must point at the first ``at`` in it.
+
+    ``sets`` are ``--set`` overrides applied before checking; when ``in_set`` is true the
+    expected location is inside the first override's text rather than in the file.
+    """
+
+    text: str
+    at: str
+    suffix: str = ".yaml"
+    sets: tuple[str, ...] = ()
+    in_set: bool = False
+
+
+@dataclass(frozen=True)
+class Code:
+    code: str
+    name: str
+    message: str  # a str.format template
+    examples: tuple[Example, ...] = ()
+    severity: str = "error"
+
+
+@dataclass
+class Diagnostic:
+    code: str
+    message: str
+    loc: SourceLoc | None
+    hint: str | None = None
+    severity: str = "error"
+
+    def headline(self) -> str:
+        where = f"{self.loc}: " if self.loc else ""
+        return f"{where}{self.code} {self.message}"
+
+    def render(self, sources: Sources = SOURCES) -> str:
+        out = [self.headline()]
+        if self.loc is not None:
+            text = sources.line(self.loc)
+            if text is not None:
+                width = 1
+                if self.loc.end_line == self.loc.line and self.loc.end_col > self.loc.col:
+                    width = self.loc.end_col - self.loc.col
+                out.append(f"    {text}")
+                out.append("    " + " " * (self.loc.col - 1) + "^" * max(1, width))
+        if self.hint:
+            out.append(f"    hint: {self.hint}")
+        return "\n".join(out)
+
+
+def _table() -> dict[str, Code]:
+    from asyncflow.diagnostics import compile as _compile
+    from asyncflow.diagnostics import overrides, rules, runtime, schema, syntax
+
+    table: dict[str, Code] = {}
+    for mod in (syntax, schema, rules, _compile, overrides, runtime):
+        for c in mod.CODES:
+            if c.code in table:
+                raise AssertionError(f"diagnostic code {c.code} defined twice")
+            table[c.code] = c
+    return dict(sorted(table.items()))
+
+
+_TABLE: dict[str, Code] | None = None
+
+
+def table() -> dict[str, Code]:
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = _table()
+    return _TABLE
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    m = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean '{m[0]}'?" if m else None
+
+
+class Diagnostics:
+    """Collects diagnostics so that all independent errors of a file are reported at once."""
+
+    def __init__(self) -> None:
+        self.items: list[Diagnostic] = []
+
+    def add(self, code: str, loc: SourceLoc | None, hint: str | None = None, **fmt) -> Diagnostic:
+        spec = table()[code]
+        d = Diagnostic(code, spec.message.format(**fmt), loc, hint, spec.severity)
+        # the same finding at the same place is reported once
+        if not any(x.code == d.code and x.loc == d.loc and x.message == d.message for x in self.items):
+            self.items.append(d)
+        return d
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.items if d.severity == "error"]
+
+    def raise_if_errors(self) -> None:
+        if self.errors:
+            raise UserError(sorted(self.errors, key=lambda d: (d.loc is None, d.loc or SourceLoc("", 0, 0))))
+
+    def __bool__(self) -> bool:
+        return bool(self.errors)
+
+
+def error(code: str, loc: SourceLoc | None, hint: str | None = None, **fmt) -> UserError:
+    """One located diagnostic as an exception, for the places that cannot go on."""
+    d = Diagnostics()
+    d.add(code, loc, hint, **fmt)
+    return UserError(d.items)
+
+
+__all__ = ["Code", "Example", "Diagnostic", "Diagnostics", "table", "did_you_mean", "error"]

@@ -1,0 +1,128 @@
+"""The typed AST of a pipeline (both front ends build it; see ``LANGUAGE.md``).
+
+Every node carries ``loc`` (where it is defined: its key in the source) and ``locs`` (where each
+attribute's value is written, keyed by attribute path: ``"model"``, ``"inputs.1"``,
+``"args.lr"``). Neither takes part in equality, so two pipelines that say the same thing compare
+equal wherever they were written.
+
+=============  =============================================================
+node           holds
+=============  =============================================================
+Pipeline       name, description, seed and the sections below
+ModelDef       ``models.NAME``: init + args, or copy_of; frozen
+DataDef        ``data.NAME``: source + args, the fields (columns) it provides
+PoolDef        ``pools.NAME``: devices, custom Ray resources
+StepDef        ``step``: prompts_per_step, samples_per_prompt, steps
+TaskDef        ``tasks.NAME``: kind, engine/model/pool or fn, inputs/outputs, args
+SyncDef        one ``sync`` item: from (a train task), to, max_staleness
+=============  =============================================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from asyncflow.dsl.loc import SourceLoc
+
+NOWHERE = SourceLoc("<none>", 0, 0)
+
+TASK_KINDS = ("rollout", "reward", "logprob", "value", "advantage", "train", "filter", "custom")
+
+
+def _loc() -> Any:
+    return field(default=NOWHERE, compare=False, repr=False)
+
+
+def _locs() -> Any:
+    return field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    name: str
+    init: str | None = None
+    args: dict = field(default_factory=dict)
+    copy_of: str | None = None
+    frozen: bool = False
+    loc: SourceLoc = _loc()
+    locs: Mapping[str, SourceLoc] = _locs()
+
+
+@dataclass(frozen=True)
+class DataDef:
+    name: str
+    source: str
+    args: dict = field(default_factory=dict)
+    fields: tuple[str, ...] = ()
+    loc: SourceLoc = _loc()
+    locs: Mapping[str, SourceLoc] = _locs()
+
+
+@dataclass(frozen=True)
+class PoolDef:
+    name: str
+    devices: int
+    resources: dict = field(default_factory=dict)  # extra Ray resources each device needs
+    loc: SourceLoc = _loc()
+    locs: Mapping[str, SourceLoc] = _locs()
+
+
+@dataclass(frozen=True)
+class StepDef:
+    prompts_per_step: int
+    steps: int
+    samples_per_prompt: int = 1
+    loc: SourceLoc = _loc()
+    locs: Mapping[str, SourceLoc] = _locs()
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    name: str
+    kind: str
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    engine: str | None = None
+    model: str | None = None
+    pool: str | None = None
+    replicas: int = 1
+    devices_per_replica: int = 1
+    fn: str | None = None  # reward / filter / custom: "module:function"
+    batched: bool = False  # fn called once per batch of rows instead of once per row
+    estimator: str | None = None  # advantage
+    loss: str | None = None  # train
+    env: str | None = None  # rollout: "module:factory" of a multi-turn environment
+    keep: tuple[str, ...] = ()  # outputs kept as final results though nothing consumes them
+    args: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)  # cost hints for the compiler's estimate
+    loc: SourceLoc = _loc()
+    locs: Mapping[str, SourceLoc] = _locs()
+
+
+@dataclass(frozen=True)
+class SyncDef:
+    src: str  # written `from`
+    dst: str  # written `to`
+    max_staleness: int
+    loc: SourceLoc = _loc()
+    locs: Mapping[str, SourceLoc] = _locs()
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    tasks: dict[str, TaskDef]
+    step: StepDef
+    description: str = ""
+    seed: int = 0
+    models: dict[str, ModelDef] = field(default_factory=dict)
+    data: dict[str, DataDef] = field(default_factory=dict)
+    pools: dict[str, PoolDef] = field(default_factory=dict)
+    sync: tuple[SyncDef, ...] = ()
+    loc: SourceLoc = _loc()
+    locs: Mapping[str, SourceLoc] = _locs()
+    path: str = field(default="", compare=False)
