@@ -1,0 +1,211 @@
+"""ExecutionPlan: what the compiler emits and the runtime executes.
+
+Plain dataclasses holding strings, numbers, lists and dicts only -- never live handles -- with a
+versioned JSON form that round-trips (``Plan.to_json`` / ``Plan.from_json``). Workers are named
+by string id (``"generate/0"``: task ``generate``, replica 0).
+
+==============  ==================================================================
+class           meaning
+==============  ==================================================================
+Plan            the whole plan: the pipeline's settings plus everything below
+StepPlan        batch units: prompts_per_step, samples_per_prompt, samples_per_step
+ModelPlan       a model: init+args (copy_of resolved), frozen, the train task that updates it
+SourcePlan      a data source: factory or path, args, fields
+PoolPlan        a pool: devices, device kind (GPU or CPU slot), its placement-group bundles
+TaskPlan        a task with its resolved settings and staleness annotations
+WorkerPlan      one replica of a task: its pool bundles and its op list
+Op              one READ / COMPUTE / WRITE / PUBLISH / ADOPT / WAIT op of a worker
+ChannelPlan     one data edge: fields, streaming granularity, staleness, capacity (rows)
+SyncPlan        one weight-sync edge: max_staleness, deferred or blocking adoption
+Estimate        predicted step time / throughput of this plan, its synchronous form, the ideal
+==============  ==================================================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+PLAN_FORMAT = 1
+
+# streaming granularities of a channel (the overlap pass chooses one per data edge)
+GRANULARITIES = ("sample", "group", "micro_batch", "step")
+# op kinds of a worker's op list (the lower pass emits them)
+OP_KINDS = ("READ", "COMPUTE", "WRITE", "PUBLISH", "ADOPT", "WAIT")
+
+
+@dataclass
+class StepPlan:
+    prompts_per_step: int
+    samples_per_prompt: int
+    samples_per_step: int
+    steps: int
+
+
+@dataclass
+class ModelPlan:
+    name: str
+    init: str | None
+    args: dict = field(default_factory=dict)
+    frozen: bool = False
+    copy_of: str | None = None
+    updated_by: str | None = None  # the train task that bumps its version
+
+
+@dataclass
+class SourcePlan:
+    name: str
+    source: str
+    args: dict = field(default_factory=dict)
+    fields: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Bundle:
+    index: int
+    resources: dict  # Ray resources of one bundle: {"CPU": 1} or {"GPU": 1, "CPU": 1}, custom
+
+
+@dataclass
+class PoolPlan:
+    name: str
+    devices: int
+    device_kind: str  # "GPU" | "CPU"
+    bundles: list[Bundle] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)  # in time-sharing order (colocated)
+
+
+@dataclass
+class TaskPlan:
+    name: str
+    kind: str
+    inputs: list[str]
+    outputs: list[str]
+    replicas: int = 1
+    devices_per_replica: int = 1
+    engine: str | None = None
+    model: str | None = None
+    pool: str | None = None
+    fn: str | None = None
+    batched: bool = False
+    estimator: str | None = None
+    loss: str | None = None
+    env: str | None = None
+    keep: list[str] = field(default_factory=list)
+    args: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)
+    version_lag: int = 0  # the most policy versions its inputs may lag the trainer
+    run_ahead: int = 0  # how many steps ahead of the trainer it may run
+    time_share: int = 0  # position in its pool's time-sharing order
+
+
+@dataclass
+class Op:
+    kind: str  # one of OP_KINDS
+    task: str
+    channel: str | None = None  # READ/WRITE: the channel id
+    fields: list[str] = field(default_factory=list)
+    rows: int = 0  # rows per op (0: whatever is ready)
+    note: str = ""
+
+
+@dataclass
+class WorkerPlan:
+    id: str  # "task/replica"
+    task: str
+    replica: int
+    pool: str | None
+    bundles: list[int] = field(default_factory=list)
+    resources: dict = field(default_factory=dict)
+    ops: list[Op] = field(default_factory=list)
+
+
+@dataclass
+class ChannelPlan:
+    id: str  # "src->dst"
+    src: str
+    dst: str
+    fields: list[str]
+    granularity: str  # one of GRANULARITIES
+    staleness: int  # the most policy versions a row on it may lag
+    capacity: int  # rows it may hold before the producer waits
+
+
+@dataclass
+class SyncPlan:
+    src: str
+    dst: str
+    model: str
+    max_staleness: int
+    mode: str  # "deferred" (adopt between requests) | "blocking" (staleness 0: step barrier)
+
+
+@dataclass
+class Estimate:
+    step_time: float  # seconds per train step of this plan (steady state)
+    step_time_sync: float  # the same pipeline at staleness 0
+    ideal_step_time: float  # the busiest pool's work per step
+    samples_per_s: float
+    samples_per_s_sync: float
+    speedup: float
+    per_task: dict = field(default_factory=dict)  # task -> seconds of work per step
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    pipeline: str
+    source_file: str
+    seed: int
+    step: StepPlan
+    models: list[ModelPlan] = field(default_factory=list)
+    data: list[SourcePlan] = field(default_factory=list)
+    pools: list[PoolPlan] = field(default_factory=list)
+    tasks: list[TaskPlan] = field(default_factory=list)
+    workers: list[WorkerPlan] = field(default_factory=list)
+    channels: list[ChannelPlan] = field(default_factory=list)
+    sync: list[SyncPlan] = field(default_factory=list)
+    concurrency: list[list[str]] = field(default_factory=list)  # tasks that run at once
+    estimate: Estimate | None = None
+    format: int = PLAN_FORMAT
+
+    def task(self, name: str) -> TaskPlan:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        if d.get("format") != PLAN_FORMAT:
+            raise ValueError(f"plan format {d.get('format')!r} is not {PLAN_FORMAT}")
+        return _from(cls, d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))
+
+
+def _from(tp: Any, v: Any) -> Any:
+    """Rebuild dataclasses from plain data, following the type hints."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _from(hints[f.name], v[f.name]) for f in dataclasses.fields(tp) if f.name in v})
+    if origin is list:
+        (arg,) = typing.get_args(tp)
+        return [_from(arg, x) for x in v]
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if v is None:
+            return None
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _from(args[0], v)
+    return v
