@@ -7,6 +7,14 @@ scalars, each with a :class:`SourceLoc`); one schema-driven builder
 in an override points at the override.
 """
 from asyncflow.dsl.loc import SourceLoc
-from asyncflow.dsl.load import load_file, load_text, parse_tree
+
+
+def __getattr__(name):  # lazy: asyncflow.diagnostics imports asyncflow.dsl.loc
+    if name in ("load_file", "load_text", "parse_tree"):
+        from asyncflow.dsl import load
+
+        return getattr(load, name)
+    raise AttributeError(name)
+
 
 __all__ = ["SourceLoc", "load_file", "load_text", "parse_tree"]
