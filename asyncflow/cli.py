@@ -18,8 +18,10 @@ from asyncflow.errors import AsyncflowError, InternalError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="asyncflow: compile and run asynchronous, streaming RL post-training pipelines.")
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# piped output (logs, CI) gets a wide page instead of rich's 80 columns
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 150
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 SetOpt = typer.Option(None, "--set", metavar="KEY.PATH=VALUE",
                       help="override a key, e.g. --set tasks.update.args.lr=3e-5 --set sync.0.max_staleness=0")
@@ -32,6 +34,17 @@ def report(e: UserError) -> None:
         err.print(d.render(), markup=False)
     n = len(e.diagnostics)
     err.print(f"{n} error{'s' if n != 1 else ''}", style="bold red", markup=False)
+
+
+def _is_usage_error(e: Exception) -> bool:
+    """A click usage error (typer >= 0.20 bundles its own click, so check both)."""
+    classes = []
+    for mod in ("click.exceptions", "typer._click.exceptions"):
+        try:
+            classes.append(importlib.import_module(mod).ClickException)
+        except (ImportError, AttributeError):
+            pass
+    return isinstance(e, tuple(classes))
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -48,7 +61,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         (argv if argv is not None else sys.argv).remove("--debug")
         os.environ["ASYNCFLOW_DEBUG"] = "1"
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)  # typer.Exit comes back as the return value
+        sys.exit(rc if isinstance(rc, int) else 0)
     except UserError as e:
         report(e)
         sys.exit(2)
@@ -62,9 +76,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         err.print("aborted", style="yellow")
         sys.exit(130)
     except Exception as e:  # click usage errors and internal faults
-        import click
-
-        if isinstance(e, click.ClickException):
+        if _is_usage_error(e):
             e.show()
             sys.exit(2)
         if os.environ.get("ASYNCFLOW_DEBUG"):

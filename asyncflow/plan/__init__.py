@@ -99,6 +99,8 @@ class TaskPlan:
     version_lag: int = 0  # the most policy versions its inputs may lag the trainer
     run_ahead: int = 0  # how many steps ahead of the trainer it may run
     time_share: int = 0  # position in its pool's time-sharing order
+    stage: int = 0  # number of step barriers before it within a step (overlap pass)
+    read_rows: int = 0  # rows per READ (0: whatever is ready)
 
 
 @dataclass
@@ -109,6 +111,9 @@ class Op:
     fields: list[str] = field(default_factory=list)
     rows: int = 0  # rows per op (0: whatever is ready)
     note: str = ""
+    repeat: int = 1  # times per step, all replicas together (0: until the step's rows are done)
+    model: str | None = None  # WAIT/ADOPT/PUBLISH: the model whose version it concerns
+    max_lag: int | None = None  # WAIT: block until version >= step - max_lag
 
 
 @dataclass
@@ -131,6 +136,7 @@ class ChannelPlan:
     granularity: str  # one of GRANULARITIES
     staleness: int  # the most policy versions a row on it may lag
     capacity: int  # rows it may hold before the producer waits
+    unit_rows: int = 1  # rows of one granularity unit (group: samples_per_prompt, ...)
 
 
 @dataclass
@@ -140,6 +146,7 @@ class SyncPlan:
     model: str
     max_staleness: int
     mode: str  # "deferred" (adopt between requests) | "blocking" (staleness 0: step barrier)
+    publish_every: int = 1  # the trainer publishes after every this many steps
 
 
 @dataclass
@@ -152,6 +159,8 @@ class Estimate:
     speedup: float
     per_task: dict = field(default_factory=dict)  # task -> seconds of work per step
     notes: list[str] = field(default_factory=list)
+    bottleneck: str = ""  # the pool or task that bounds this plan's step time
+    per_pool: dict = field(default_factory=dict)  # pool -> seconds of (time-shared) work per step
 
 
 @dataclass
@@ -170,6 +179,7 @@ class Plan:
     concurrency: list[list[str]] = field(default_factory=list)  # tasks that run at once
     estimate: Estimate | None = None
     format: int = PLAN_FORMAT
+    device_kind: str = "CPU"  # what a pool device is: "GPU" or "CPU" (a CPU slot)
 
     def task(self, name: str) -> TaskPlan:
         for t in self.tasks:

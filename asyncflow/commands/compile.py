@@ -1,0 +1,181 @@
+"""``asyncflow compile FILE``: the execution plan, as tables (or --json / --dot / --mermaid / --html)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _fmt_s(x: float) -> str:
+    if x == 0:
+        return "0"
+    if x < 1e-3:
+        return f"{x * 1e6:.1f} us"
+    if x < 1:
+        return f"{x * 1e3:.1f} ms"
+    return f"{x:.2f} s"
+
+
+def plan_tables(plan):
+    """The plan as rich tables (the compile command prints them; viz HTML reuses the data)."""
+    from rich.table import Table
+
+    by_dst: dict[str, list] = {}
+    for ch in plan.channels:
+        by_dst.setdefault(ch.dst, []).append(ch)
+    tasks = Table(title="tasks", title_justify="left")
+    for col in ("task", "kind", "engine/fn", "pool", "replicas", "inputs from (granularity)",
+                "lag", "ahead"):
+        tasks.add_column(col, overflow="fold")
+    for t in plan.tasks:
+        ins = "\n".join(f"{ch.src} ({ch.granularity})" for ch in by_dst.get(t.name, []))
+        what = t.engine or (t.fn.split(":")[-1] if t.fn else "") or t.estimator or ""
+        if t.loss:
+            what += f" ({t.loss})"
+        pool = t.pool or "cpu"
+        if t.pool:
+            pool += f" #{t.time_share}"
+        tasks.add_row(t.name, t.kind, what, pool, f"{t.replicas}x{t.devices_per_replica}"
+                      if t.pool else str(t.replicas), ins, str(t.version_lag), str(t.run_ahead))
+
+    pools = Table(title=f"pools ({plan.device_kind} devices)", title_justify="left")
+    for col in ("pool", "devices", "bundle", "tasks (time-sharing order)"):
+        pools.add_column(col)
+    for p in plan.pools:
+        b = p.bundles[0].resources if p.bundles else {}
+        pools.add_row(p.name, str(p.devices), ", ".join(f"{k}: {v}" for k, v in b.items()),
+                      " -> ".join(p.tasks))
+
+    chans = Table(title="channels", title_justify="left")
+    for col in ("channel", "fields", "granularity", "staleness", "capacity (rows)"):
+        chans.add_column(col)
+    for ch in plan.channels:
+        chans.add_row(ch.id, ", ".join(ch.fields), ch.granularity
+                      + (f" ({ch.unit_rows})" if ch.granularity != "sample" else ""),
+                      str(ch.staleness), str(ch.capacity))
+
+    sync = Table(title="weight sync", title_justify="left")
+    for col in ("from", "to", "model", "max_staleness", "mode"):
+        sync.add_column(col)
+    for s in plan.sync:
+        sync.add_row(s.src, s.dst, s.model, str(s.max_staleness), s.mode)
+
+    st = plan.step
+    batch = Table(title="batch", title_justify="left")
+    batch.add_column("quantity")
+    batch.add_column("value", justify="right")
+    batch.add_row("prompts_per_step", str(st.prompts_per_step))
+    batch.add_row("samples_per_prompt", str(st.samples_per_prompt))
+    batch.add_row("samples_per_step", str(st.samples_per_step))
+    batch.add_row("steps", str(st.steps))
+    for t in plan.tasks:
+        if t.kind == "train":
+            mb = t.args.get("micro_batch", st.samples_per_step)
+            if isinstance(mb, int) and mb > 0:
+                batch.add_row(f"micro-batches per step ({t.name}: {mb})",
+                              str(st.samples_per_step // mb))
+    out = [tasks, pools, chans, sync, batch]
+    e = plan.estimate
+    if e is not None:
+        est = Table(title="estimate (steady state)", title_justify="left")
+        est.add_column("quantity")
+        est.add_column("value", justify="right")
+        est.add_row("step time, this plan", _fmt_s(e.step_time))
+        est.add_row("step time, synchronous", _fmt_s(e.step_time_sync))
+        est.add_row("speedup", f"{e.speedup:.2f}x")
+        est.add_row("ideal (busiest pool)", _fmt_s(e.ideal_step_time))
+        est.add_row("samples/s, this plan", f"{e.samples_per_s:.1f}")
+        est.add_row("samples/s, synchronous", f"{e.samples_per_s_sync:.1f}")
+        if e.bottleneck:
+            est.add_row("bound by", e.bottleneck)
+        out.append(est)
+    return out
+
+
+def usage_error(message: str) -> None:
+    """Print a usage error and exit 2 (like click's, without relying on which click raised it)."""
+    from asyncflow.cli import err
+
+    err.print(f"error: {message}", style="red", markup=False)
+    raise SystemExit(2)
+
+
+def register(app: typer.Typer) -> None:
+    from asyncflow.cli import SetOpt, out
+
+    @app.command("compile")
+    def compile_(file: str = typer.Argument(..., help="pipeline file (.yaml, .yml, .af)"),
+                 set_: Optional[List[str]] = SetOpt,
+                 json_: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+                 dot: bool = typer.Option(False, "--dot", help="print the graph as Graphviz dot"),
+                 mermaid: bool = typer.Option(False, "--mermaid", help="print the graph as Mermaid"),
+                 html: bool = typer.Option(False, "--html", help="write one self-contained HTML page"),
+                 output: Optional[str] = typer.Option(None, "-o", "--output", help="write to this file"),
+                 dump_after: Optional[str] = typer.Option(
+                     None, "--dump-after", metavar="PASS",
+                     help="print the graph after this pass (parse, build IR, validate, staleness, "
+                          "placement, overlap, lower, cost) and stop"),
+                 device_kind: str = typer.Option("auto", "--device-kind",
+                                                 help="what a pool device is: gpu, cpu or auto")) -> None:
+        """Compile a pipeline; print the plan (tasks, pools, channels, sync, batch, estimate)."""
+        from asyncflow.compiler import Context, compile_file
+        from asyncflow.compiler.pipeline import PASS_NAMES
+        from asyncflow.compiler.runner import DEVICE_KINDS
+
+        if device_kind.lower() not in DEVICE_KINDS:
+            usage_error(f"--device-kind must be one of {', '.join(DEVICE_KINDS)}")
+        if dump_after is not None and dump_after not in PASS_NAMES:
+            usage_error(f"--dump-after must be one of {', '.join(PASS_NAMES)}")
+        if sum((json_, dot, mermaid, html, dump_after is not None)) > 1:
+            usage_error("give at most one of --json, --dot, --mermaid, --html, --dump-after")
+        ctx = Context()
+        try:
+            result = compile_file(file, set_ or (), device_kind=device_kind.lower(),
+                                  dump_after=dump_after, ctx=ctx)
+        finally:
+            from asyncflow.cli import err
+
+            for d in ctx.diags.items:
+                if d.severity != "error":
+                    err.print(d.render(), markup=False)
+
+        def emit(text: str) -> None:
+            if output:
+                Path(output).write_text(text)
+                out.print(f"wrote {output}", markup=False)
+            else:
+                out.print(text, markup=False, end="")
+
+        if dump_after is not None:
+            return emit(result)
+        plan = result
+        if json_:
+            return emit(plan.to_json())
+        if dot or mermaid:
+            from asyncflow.viz.graph import to_dot, to_mermaid
+
+            return emit(to_dot(plan) if dot else to_mermaid(plan))
+        if html:
+            from asyncflow.viz.html import plan_html
+
+            target = output or str(Path(file).with_suffix(".html").name)
+            Path(target).write_text(plan_html(plan))
+            out.print(f"wrote {target}", markup=False)
+            return
+        if output:
+            from rich.console import Console
+
+            with open(output, "w") as f:
+                c = Console(file=f, width=140, highlight=False)
+                for t in plan_tables(plan):
+                    c.print(t)
+            out.print(f"wrote {output}", markup=False)
+            return
+        out.print(f"{plan.pipeline} ({plan.source_file}): {len(plan.tasks)} tasks, "
+                  f"{len(plan.workers)} workers, {len(plan.channels)} channels", markup=False)
+        for t in plan_tables(plan):
+            out.print(t)
+        if plan.estimate and plan.estimate.notes:
+            for n in plan.estimate.notes:
+                out.print(f"note: {n}", style="dim", markup=False)

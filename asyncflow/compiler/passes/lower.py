@@ -1,0 +1,170 @@
+"""lower: the annotated graph -> an ExecutionPlan with per-worker op lists and the sync schedule.
+
+A worker's op list is the body of its per-step loop (after Ray Compiled Graphs' READ / COMPUTE /
+WRITE lowering). Two separate functions build it:
+
+- :func:`naive_ops` -- the synchronous, unoverlapped schedule: a worker fed weights WAITs for
+  the version of this step and ADOPTs it, READs its share of the whole step from every input
+  channel, COMPUTEs, WRITEs every output channel; a trainer then PUBLISHes and nothing else runs
+  until the next step's weights exist.
+- :func:`overlap_rewrite` -- rewrites a naive list using the overlap and staleness annotations:
+
+  1. every READ takes the task's ``read_rows`` (its input granularity, overlap rule 9) instead of
+     the whole step, ``repeat`` times per step (0: as many as it takes: sample streaming);
+  2. COMPUTE and WRITE follow the READ's granularity (outputs stream as soon as they exist);
+  3. a WAIT on a sync edge with ``max_staleness`` a > 0 gets ``max_lag = a``: it blocks only when
+     the worker is a versions ahead of the trainer (deferred sync); the ADOPT stays before the
+     READ, so new weights are taken up between requests, never in the middle of one;
+  4. a PUBLISH never waits for its consumers (the trainer goes on to the next step);
+  5. staleness-0 edges keep their blocking WAIT (``max_lag = 0``): the synchronous plan.
+
+The sync schedule (one :class:`SyncPlan` per sync edge): ``deferred`` when ``max_staleness`` > 0,
+``blocking`` when it is 0. Worker ids are ``"task/replica"``; channel ids ``"src->dst"``.
+"""
+from __future__ import annotations
+
+import math
+
+from asyncflow.compiler.passes import topo_order, train_tasks_of
+from asyncflow.compiler.runner import Context
+from asyncflow.ir import Graph, SourceNode
+from asyncflow.plan import (Bundle, ChannelPlan, ModelPlan, Op, Plan, PoolPlan, SourcePlan,
+                            StepPlan, SyncPlan, TaskPlan, WorkerPlan)
+
+COMPUTE = {"rollout": "generate", "logprob": "logprobs", "value": "logprobs", "train": "train_step",
+           "reward": "fn", "filter": "fn", "custom": "fn", "advantage": "estimator"}
+
+
+def plain(v):
+    """JSON-shaped data: tuples -> lists, keys -> str (so the plan round-trips exactly)."""
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    return v
+
+
+def channel_id(src: str, dst: str) -> str:
+    return f"{src}->{dst}"
+
+
+def naive_ops(graph: Graph, task: str, ins, outs, sync_in, sync_out) -> list[Op]:
+    """The synchronous schedule of one task's workers (see the module docstring)."""
+    d = graph.node(task).defn
+    sps = graph.pipeline.step.samples_per_step
+    share = math.ceil(sps / d.replicas)
+    ops: list[Op] = []
+    for e in sync_in:
+        model = graph.node(e.dst).defn.model
+        ops.append(Op("WAIT", task, model=model, max_lag=0, note="wait for this step's version"))
+        ops.append(Op("ADOPT", task, model=model, note="take the new weights"))
+    for e in ins:
+        ops.append(Op("READ", task, channel_id(e.src, e.dst), list(e.fields), rows=share))
+    what = d.estimator or d.loss or d.fn or d.engine or ""
+    ops.append(Op("COMPUTE", task, rows=share, note=f"{COMPUTE.get(d.kind, 'fn')} {what}".strip()))
+    for e in outs:
+        ops.append(Op("WRITE", task, channel_id(e.src, e.dst), list(e.fields), rows=share))
+    if d.keep:
+        ops.append(Op("WRITE", task, None, list(d.keep), rows=share, note="final output (keep)"))
+    for model in sync_out:
+        ops.append(Op("PUBLISH", task, model=model, note="publish version n+1, wait for adopters"))
+    return ops
+
+
+def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str, int]) -> list[Op]:
+    """Rules 1-5 of the module docstring, applied to a naive op list (a new list)."""
+    sps = graph.pipeline.step.samples_per_step
+    rows = graph.meta(task).get("read_rows", 0)
+    repeat = sps // rows if rows else 0
+    out = []
+    for op in ops:
+        op = Op(**{**op.__dict__, "fields": list(op.fields)})
+        if op.kind in ("READ", "COMPUTE", "WRITE"):  # rules 1, 2
+            op.rows, op.repeat = rows, repeat
+        elif op.kind == "WAIT":
+            a = sync_alpha.get(op.model or "", 0)
+            op.max_lag = a  # rules 3, 5
+            op.note = (f"block only when {a} version{'s' if a != 1 else ''} ahead of the trainer"
+                       if a else "wait for this step's version (staleness 0)")
+        elif op.kind == "ADOPT":
+            op.note = "adopt the newest published version between requests" if sync_alpha.get(
+                op.model or "", 0) else "take the new weights"
+        elif op.kind == "PUBLISH" and sync_alpha.get(op.model or "", 0):  # rule 4
+            op.note = "publish version n+1 without waiting"
+        out.append(op)
+    return out
+
+
+def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
+    g = graph
+    p = g.pipeline
+    st = p.step
+    order = topo_order(g)
+    pos = {n: i for i, n in enumerate(order)}
+    trained = train_tasks_of(g)
+    placement = g.g.graph.get("placement", {"device_kind": "CPU", "pools": {}})
+
+    def resolved(name: str, seen=()) -> tuple[str | None, dict]:
+        m = p.models.get(name)
+        if m is None:
+            return None, {}
+        if m.copy_of and m.copy_of not in seen:
+            return resolved(m.copy_of, seen + (name,))
+        return m.init, dict(m.args)
+
+    models = []
+    for name, m in p.models.items():
+        init, args = resolved(name)
+        models.append(ModelPlan(name, init, plain(args), m.frozen, m.copy_of,
+                                None if m.frozen else trained.get(name)))
+    data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields)) for d in p.data.values()]
+    pools = [PoolPlan(name, v["devices"], placement["device_kind"],
+                      [Bundle(i, plain(b)) for i, b in enumerate(v["bundles"])], list(v["tasks"]))
+             for name, v in placement["pools"].items()]
+
+    ins: dict[str, list] = {}
+    outs: dict[str, list] = {}
+    channels = []
+    for e, m in sorted(g.data_edges(), key=lambda x: (pos[x[0].dst], pos[x[0].src])):
+        ins.setdefault(e.dst, []).append(e)
+        outs.setdefault(e.src, []).append(e)
+        channels.append(ChannelPlan(channel_id(e.src, e.dst), e.src, e.dst, list(e.fields),
+                                    m.get("granularity", "step"), m.get("staleness", 0),
+                                    m.get("capacity", st.samples_per_step), m.get("unit_rows", 1)))
+    sync_in: dict[str, list] = {}
+    sync_out: dict[str, list[str]] = {}
+    sync_alpha: dict[str, int] = {}  # model -> max_staleness of its sync edges
+    syncs = []
+    for e, m in g.sync_edges():
+        model = m.get("model") or g.node(e.dst).defn.model or ""
+        sync_in.setdefault(e.dst, []).append(e)
+        if model not in sync_out.setdefault(e.src, []):
+            sync_out[e.src].append(model)
+        sync_alpha[model] = max(sync_alpha.get(model, 0), e.max_staleness)
+        syncs.append(SyncPlan(e.src, e.dst, model, e.max_staleness,
+                              "deferred" if e.max_staleness > 0 else "blocking"))
+
+    tasks, workers = [], []
+    for n in order:
+        node = g.node(n)
+        if isinstance(node, SourceNode):
+            continue
+        d, m = node.defn, g.meta(n)
+        tasks.append(TaskPlan(
+            n, d.kind, list(d.inputs), list(d.outputs), d.replicas, d.devices_per_replica,
+            d.engine, d.model, d.pool, d.fn, d.batched, d.estimator, d.loss, d.env, list(d.keep),
+            plain(d.args), plain(d.cost), m.get("lag", 0), m.get("run_ahead", 0),
+            m.get("time_share", 0), m.get("stage", 0), m.get("read_rows", 0)))
+        ops = naive_ops(g, n, ins.get(n, []), outs.get(n, []), sync_in.get(n, []), sync_out.get(n, []))
+        if not naive:
+            ops = overlap_rewrite(g, n, ops, sync_alpha)
+        for w in m.get("workers", [{"id": f"{n}/0", "replica": 0, "bundles": [], "resources": {}}]):
+            workers.append(WorkerPlan(w["id"], n, w["replica"], d.pool, list(w["bundles"]),
+                                      plain(w["resources"]),
+                                      [Op(**{**o.__dict__, "fields": list(o.fields)}) for o in ops]))
+    return Plan(
+        pipeline=p.name, source_file=ctx.source_file, seed=p.seed,
+        step=StepPlan(st.prompts_per_step, st.samples_per_prompt, st.samples_per_step, st.steps),
+        models=models, data=data, pools=pools, tasks=tasks, workers=workers, channels=channels,
+        sync=syncs, concurrency=[list(c) for c in g.g.graph.get("concurrency", [])],
+        device_kind=placement["device_kind"])

@@ -1,0 +1,115 @@
+"""placement: pools -> Ray placement-group bundles, replicas -> bundles, colocation order.
+
+Rules:
+
+1. A pool of ``devices: n`` becomes n bundles, one per device. A device is a GPU
+   (``{"GPU": 1, "CPU": 1}``) or, where there is none, a CPU slot (``{"CPU": 1}``); the pool's
+   ``resources`` map (custom Ray resources each device needs) is added to every bundle. The kind
+   comes from ``--device-kind``: ``gpu``, ``cpu``, or ``auto`` (the default), which picks GPU
+   only when a pooled task uses an engine that cannot run without one (vllm, deepspeed) --
+   compile never imports torch to look for a GPU; the runtime may still re-resolve ``auto``.
+2. A pooled task's replica r takes bundles ``[r*d, (r+1)*d)`` (d = ``devices_per_replica``).
+   ``replicas * d`` above the pool's devices is infeasible: AF401 at the task's ``replicas``
+   (this must not crash even when validate already said so).
+3. Tasks on one pool are colocated: they time-share its devices, every one starting at bundle 0.
+   Their time-sharing order is rollout, logprob, value, (reward, filter, advantage, custom),
+   train; ties by topological order. Each worker asks for ``1/k`` of each of its bundles
+   (k = tasks on the pool, rounded down to 1e-4) so all of them fit at once.
+4. A task without ``pool`` runs on a CPU worker outside the pools: no bundle, resources
+   ``{"CPU": 0}`` (it is I/O- and Python-bound; Ray schedules it anywhere), ``replicas`` copies.
+5. A pool's ``resources`` may not name ``GPU`` or ``CPU`` (the device kind sets those): AF402.
+
+Node meta: ``time_share``, ``bundles`` (every bundle index it uses), ``workers`` (list of
+``{id, replica, bundles, resources}``). Graph attribute ``placement``: ``{device_kind, pools:
+{name: {devices, bundles, tasks}}}``.
+"""
+from __future__ import annotations
+
+import math
+
+from asyncflow.compiler.passes import annotated_copy, topo_order
+from asyncflow.compiler.runner import Context
+from asyncflow.ir import Graph, TaskNode
+
+GPU_ENGINES = ("vllm", "deepspeed")
+KIND_ORDER = {"rollout": 0, "logprob": 1, "value": 2, "reward": 3, "filter": 3, "advantage": 3,
+              "custom": 3, "train": 4}
+CPU_TASK_RESOURCES = {"CPU": 0}
+
+
+def device_kind(graph: Graph, option: str = "auto") -> str:
+    """Rule 1: "GPU" or "CPU"."""
+    option = (option or "auto").lower()
+    if option == "gpu":
+        return "GPU"
+    if option == "cpu":
+        return "CPU"
+    for t in graph.tasks():
+        if t.defn.pool is not None and t.defn.engine in GPU_ENGINES:
+            return "GPU"
+    return "CPU"
+
+
+def _share(k: int) -> float:
+    return math.floor(10_000 / max(1, k)) / 10_000
+
+
+def placement(graph: Graph, ctx: Context) -> Graph:
+    g = annotated_copy(graph)
+    p = g.pipeline
+    kind = device_kind(g, ctx.device_kind)
+    topo = {n: i for i, n in enumerate(topo_order(g))}
+    on_pool: dict[str, list[str]] = {name: [] for name in p.pools}
+    for t in g.tasks():
+        if t.defn.pool in on_pool:
+            on_pool[t.defn.pool].append(t.name)
+    pools = {}
+    for name, pool in p.pools.items():
+        extra = {}
+        for r, v in pool.resources.items():  # rule 5
+            if r in ("GPU", "CPU"):
+                ctx.diags.add("AF402", pool.locs.get(f"resources.{r}", pool.loc), pool=name, key=r)
+            else:
+                extra[r] = v
+        base = {"GPU": 1, "CPU": 1} if kind == "GPU" else {"CPU": 1}
+        bundles = [dict(base, **extra) for _ in range(pool.devices)]
+        order = sorted(on_pool[name], key=lambda n: (KIND_ORDER.get(g.node(n).kind, 3), topo[n]))
+        pools[name] = {"devices": pool.devices, "bundles": bundles, "tasks": order}
+        share = _share(len(order))
+        for ts, n in enumerate(order):  # rules 2, 3
+            d = g.node(n).defn
+            m = g.meta(n)
+            m["time_share"] = ts
+            need = d.replicas * d.devices_per_replica
+            workers = []
+            if need > pool.devices:
+                at = d.locs.get("replicas") or d.locs.get("devices_per_replica") or d.loc
+                ctx.diags.add("AF401", at, task=n, need=need, replicas=d.replicas,
+                              dpr=d.devices_per_replica, pool=name, devices=pool.devices)
+            else:
+                res = {kind: share}
+                res.update({r: round(v * share, 4) if isinstance(v, (int, float)) else v
+                            for r, v in extra.items()})
+                for r in range(d.replicas):
+                    b = list(range(r * d.devices_per_replica, (r + 1) * d.devices_per_replica))
+                    workers.append({"id": f"{n}/{r}", "replica": r, "bundles": b, "resources": dict(res)})
+            m["workers"] = workers
+            m["bundles"] = sorted({b for w in workers for b in w["bundles"]})
+    for t in g.tasks():  # rule 4 (and tasks on an unknown pool: validate reports those)
+        m = g.meta(t.name)
+        if "workers" in m:
+            continue
+        m["time_share"] = 0
+        m["bundles"] = []
+        m["workers"] = [{"id": f"{t.name}/{r}", "replica": r, "bundles": [],
+                         "resources": dict(CPU_TASK_RESOURCES)} for r in range(t.defn.replicas)]
+    g.g.graph = dict(g.g.graph, placement={"device_kind": kind, "pools": pools})
+    return g
+
+
+def pool_tasks(graph: Graph) -> dict[str, list[str]]:
+    """pool -> its tasks in time-sharing order (after placement)."""
+    return {n: v["tasks"] for n, v in graph.g.graph.get("placement", {}).get("pools", {}).items()}
+
+
+__all__ = ["placement", "device_kind", "pool_tasks", "TaskNode"]
