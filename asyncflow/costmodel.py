@@ -74,7 +74,7 @@ class Distribution:
         if not isinstance(spec, dict):
             raise SpecError(f"a latency must be a number or a mapping, not {type(spec).__name__}")
         name = spec.get("dist", "constant" if "value" in spec else None)
-        if name not in DISTS:
+        if not isinstance(name, str) or name not in DISTS:
             raise SpecError(f"unknown distribution {name!r}: choose one of {', '.join(DISTS)}",
                             "dist")
         allowed = set(DISTS[name]) | set(OPTIONAL[name]) | {"dist", "seed"}

@@ -171,7 +171,8 @@ class Builder:
                 continue
             if spec.required:
                 self.d.add("AF203", owner, key=k, where=what)
-            out[spec.attr or k] = spec.default
+            # a missing list is an empty one, so later stages never meet None
+            out[spec.attr or k] = () if spec.type == "names" else spec.default
         return out, locs
 
     def named(self, what: str, node: Node | None, make: Callable[[str, Node, SourceLoc], Any]) -> dict:

@@ -11,7 +11,7 @@ from asyncflow.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
-    from asyncflow.cli import SetOpt, out
+    from asyncflow.cli import SetOpt, err, out
 
     @app.command()
     def check(files: List[str] = typer.Argument(..., help="pipeline files (.yaml, .yml, .af)"),
@@ -22,6 +22,9 @@ def register(app: typer.Typer) -> None:
             diags = Diagnostics()
             r = check_file(f, set_ or (), diags)
             found.extend(diags.errors)
+            for w in diags.items:
+                if w.severity == "warning":
+                    err.print(w.render().replace(f" {w.code} ", f" {w.code} warning: ", 1), markup=False)
             if r is not None:
                 p, g = r
                 n = sum(1 for _ in g.tasks())

@@ -31,6 +31,9 @@ from asyncflow.errors import UserError
 class Example:
     """A source holding one mistake; the diagnostic must point at the first ``at`` in it.
 
+    An ``at`` of the form ``@LINE:COL`` (e.g. ``"@3:1"``) is an explicit 1-based position, for
+    places no text marks (the end of the file).
+
     ``sets`` are ``--set`` overrides applied before checking; when ``in_set`` is true the
     expected location is inside the first override's text rather than in the file.
     """

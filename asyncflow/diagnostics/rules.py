@@ -1,1 +1,157 @@
-CODES: list = []
+"""AF3xx: the language's rules (LANGUAGE.md, "Rules the compiler enforces") and cross-references.
+
+Reported by :mod:`asyncflow.compiler.passes.validate`. Grouped by tens:
+
+=======  ===============================================================
+AF30x    data flow: producers, consumers, cycles, ``keep``
+AF31x    models: init / copy_of, frozen, who trains them
+AF32x    pools, engines, and which keys each task kind needs
+AF33x    estimators and losses
+AF34x    ``module:function`` references and files
+AF35x    weight-sync edges
+AF36x    batch arithmetic and task ``args``
+=======  ===============================================================
+"""
+from asyncflow.diagnostics import Code
+from asyncflow.diagnostics.examples import mutate
+
+_W = "warning"
+
+CODES = [
+    # -- AF30x data flow ----------------------------------------------------------------------
+    Code("AF301", "no-producer",
+         "input '{field}' of task '{task}' has no producer: no data source or task outputs it",
+         (mutate("    inputs: [reward]", "    inputs: [rewards]", at="rewards]"),
+          mutate("    inputs: [prompt, response]\n", "    inputs: [prompt, respons]\n",
+                 at="respons]"))),
+    Code("AF302", "duplicate-producer", "field '{field}' is produced by both '{first}' and '{second}'",
+         (mutate("    outputs: [ref_logprobs]", "    outputs: [logprobs]", at="logprobs]\n  advantage"),)),
+    Code("AF303", "unused-output",
+         "output '{field}' of task '{task}' is never used: consume it or list it in 'keep:'",
+         (mutate("    outputs: [reward]", "    outputs: [reward, accuracy]", at="accuracy"),)),
+    Code("AF304", "keep-not-output", "'keep' lists '{field}', which is not an output of task '{task}'",
+         (mutate("    outputs: [reward]", "    outputs: [reward]\n    keep: [rewards]", at="rewards]"),)),
+    Code("AF305", "data-cycle",
+         "the data edges form a cycle ({cycle}); only a sync edge may go back",
+         (mutate("    inputs: [prompt, answer, response]", "    inputs: [prompt, answer, response, advantages]",
+                 at="advantages]"),)),
+    Code("AF306", "name-clash", "task '{name}' has the name of a data source: tasks and sources share one namespace",
+         (mutate("  score:", "  prompts:", at="prompts:\n    kind"),)),
+    Code("AF307", "no-inputs", "task '{task}' reads nothing: list its 'inputs' (tasks pull rows from the store)",
+         (mutate("    inputs: [reward]\n", "", at="advantage:\n"),)),
+    Code("AF308", "no-outputs", "{what} '{name}' produces nothing: list its {key}",
+         (mutate("    outputs: [ref_logprobs]", "    outputs: []", at="ref:"),)),
+    Code("AF309", "unused-source-field", "field '{field}' of data source '{source}' is never read",
+         (mutate("fields: [prompt, answer]", "fields: [prompt, answer, level]", at="level"),),
+         severity=_W),
+    # -- AF31x models -------------------------------------------------------------------------
+    Code("AF310", "unknown-model", "there is no model '{name}'",
+         (mutate("    model: reference", "    model: referance", at="referance"),
+          mutate("    copy_of: policy", "    copy_of: polcy", at="polcy"))),
+    Code("AF311", "model-no-init",
+         "model '{model}' needs 'init' (\"module:factory\", a directory or a checkpoint) or 'copy_of'",
+         (mutate("    init: asyncflow.models:tiny_decoder\n", "", at="policy:\n    args"),)),
+    Code("AF312", "init-and-copy", "model '{model}' has both 'init' and 'copy_of': keep one",
+         (mutate("    copy_of: policy", "    init: asyncflow.models:tiny_decoder\n    copy_of: policy",
+                 at="policy\n    frozen"),)),
+    Code("AF313", "copy-cycle", "models are copies of each other in a cycle ({cycle})",
+         (mutate("    copy_of: policy", "    copy_of: reference", at="reference\n"),)),
+    Code("AF314", "train-frozen", "task '{task}' trains model '{model}', which is frozen",
+         (mutate("    model: policy\n    pool: train\n    loss: grpo",
+                 "    model: reference\n    pool: train\n    loss: grpo", at="reference\n    pool: train\n    loss"),)),
+    Code("AF315", "two-trainers", "model '{model}' is trained by both '{first}' and '{second}'",
+         (mutate("  update:\n", "  update0:\n    kind: train\n    engine: hf\n    model: policy\n"
+                 "    pool: train\n    loss: grpo\n    inputs: [prompt, response, advantages]\n  update:\n",
+                 at="policy\n    pool: train\n    loss: grpo\n    inputs: [prompt, response, logprobs"),)),
+    Code("AF316", "unused-model", "model '{model}' is not used by any task",
+         (mutate("  reference:\n", "  critic:\n    init: asyncflow.models:tiny_decoder\n  reference:\n",
+                 at="critic:"),), severity=_W),
+    # -- AF32x pools, engines, task kinds -----------------------------------------------------
+    Code("AF320", "unknown-pool", "there is no pool '{name}'",
+         (mutate("    pool: rollout", "    pool: rolout", at="rolout"),)),
+    Code("AF321", "not-enough-devices",
+         "task '{task}' needs {need} devices per replica set (replicas {replicas} x devices_per_replica "
+         "{dpr}) but pool '{pool}' has {devices}",
+         (mutate("    pool: rollout\n", "    pool: rollout\n    replicas: 2\n", at="2\n    inputs"),)),
+    Code("AF322", "unused-pool", "pool '{pool}' is not used by any task",
+         (mutate("  train: {devices: 1}", "  train: {devices: 1}\n  spare: {devices: 2}", at="spare"),),
+         severity=_W),
+    Code("AF323", "unknown-engine", "there is no engine '{name}' (known: {known})",
+         (mutate("    engine: hf\n    model: policy\n    pool: rollout",
+                 "    engine: vlm\n    model: policy\n    pool: rollout", at="vlm"),)),
+    Code("AF324", "engine-kind", "engine '{engine}' cannot run a {kind} task (it runs {kinds})",
+         (mutate("    engine: hf\n    model: policy\n    pool: train\n    loss",
+                 "    engine: vllm\n    model: policy\n    pool: train\n    loss", at="vllm"),)),
+    Code("AF325", "missing-for-kind", "task '{task}' of kind {kind} needs '{key}'{why}",
+         (mutate("    engine: hf\n    model: reference\n", "    model: reference\n", at="ref:"),
+          mutate("    fn: asyncflow.rewards:digits_match\n", "", at="score:"))),
+    Code("AF326", "not-for-kind", "task '{task}' of kind {kind} takes no '{key}'{why}",
+         (mutate("    estimator: grpo", "    estimator: grpo\n    model: policy", at="policy\n    inputs: [reward]"),)),
+    # -- AF33x estimators and losses ----------------------------------------------------------
+    Code("AF330", "unknown-estimator", "there is no advantage estimator '{name}' (known: {known})",
+         (mutate("    estimator: grpo", "    estimator: gpro", at="gpro\n"),)),
+    Code("AF331", "unknown-loss", "there is no loss '{name}' (known: {known})",
+         (mutate("    loss: grpo", "    loss: ppo2", at="ppo2"),)),
+    Code("AF332", "needs-values",
+         "estimator '{estimator}' needs the critic's values: list an input produced by a value task",
+         (mutate("    estimator: grpo", "    estimator: gae", at="gae"),)),
+    Code("AF333", "critic-mismatch", "train task '{task}' uses loss '{loss}' on model '{model}', {problem}",
+         (mutate("    loss: grpo", "    loss: value", at="value\n"),)),
+    # -- AF34x references and files -----------------------------------------------------------
+    Code("AF340", "module-not-found", "cannot find the module '{module}' of {key} '{ref}'",
+         (mutate("asyncflow.rewards:digits_match", "asyncflow.reward:digits_match",
+                 at="asyncflow.reward:"),)),
+    Code("AF341", "no-such-function", "module '{module}' has no top-level '{attr}' (for {key} '{ref}')",
+         (mutate("asyncflow.rewards:digits_match", "asyncflow.rewards:no_such_reward_fn",
+                 at="asyncflow.rewards:no_such"),)),
+    Code("AF342", "file-not-found", "{key} '{path}' does not exist (looked in {where})",
+         (mutate("asyncflow.datasets:digits", "no_such_dir/prompts.jsonl", at="no_such_dir"),)),
+    Code("AF343", "bad-source",
+         "data source '{source}': '{value}' is neither a \"module:function\" reference nor a "
+         ".jsonl, .json or .parquet file",
+         (mutate("asyncflow.datasets:digits", "prompts.csv", at="prompts.csv"),)),
+    Code("AF344", "bad-init",
+         "model '{model}': init '{value}' is neither a \"module:factory\" reference, a path, nor a "
+         "model id like org/name",
+         (mutate("init: asyncflow.models:tiny_decoder", "init: tiny decoder!", at="tiny decoder!"),)),
+    # -- AF35x weight sync --------------------------------------------------------------------
+    Code("AF350", "sync-unknown-task", "sync edge: there is no task '{name}'",
+         (mutate("{from: update, to: generate", "{from: updte, to: generate", at="updte"),)),
+    Code("AF351", "sync-not-from-train",
+         "a sync edge starts at the train task that updates the weights; '{task}' is of kind {kind}",
+         (mutate("{from: update, to: generate", "{from: score, to: generate", at="score, to"),)),
+    Code("AF352", "sync-target", "sync edge to '{dst}': {problem}",
+         (mutate("{from: update, to: generate", "{from: update, to: update", at="update, max"),)),
+    Code("AF353", "sync-duplicate", "a second sync edge from '{src}' to '{dst}'",
+         (mutate("  - {from: update, to: generate, max_staleness: 1}",
+                 "  - {from: update, to: generate, max_staleness: 1}\n"
+                 "  - {from: update, to: generate, max_staleness: 0}",
+                 at="{from: update, to: generate, max_staleness: 0}"),)),
+    Code("AF354", "sync-missing",
+         "task '{task}' uses model '{model}', which '{trainer}' trains, but no sync edge brings it the "
+         "new weights",
+         (mutate("  - {from: update, to: generate, max_staleness: 1}", "  []", at="policy\n    pool: rollout"),)),
+    Code("AF355", "sync-frozen",
+         "sync edge to '{dst}': its model '{model}' is frozen, so there are no weights to sync (and "
+         "max_staleness means nothing)",
+         (mutate("  - {from: update, to: generate, max_staleness: 1}",
+                 "  - {from: update, to: generate, max_staleness: 1}\n  - {from: update, to: ref, max_staleness: 0}",
+                 at="ref, max_staleness: 0"),)),
+    # -- AF36x batches and args ---------------------------------------------------------------
+    Code("AF360", "batch-divisibility",
+         "prompts_per_step * samples_per_prompt = {total} is not divisible by {what} of task '{task}'",
+         (mutate("micro_batch: 8", "micro_batch: 6", at="6}"),)),
+    Code("AF361", "bad-arg", "'args.{key}' of task '{task}' must be {expected}, not {got}",
+         (mutate("{max_new_tokens: 8}", "{max_new_tokens: -5}", at="-5"),
+          mutate("micro_batch: 8", "micro_batch: eight", at="eight"))),
+    Code("AF362", "bad-distribution", "'{key}' of task '{task}': {problem}",
+         (mutate("    engine: hf\n    model: policy\n    pool: rollout\n    inputs: [prompt]\n"
+                 "    outputs: [response, logprobs]\n    args: {max_new_tokens: 8}",
+                 "    engine: sim\n    model: policy\n    pool: rollout\n    inputs: [prompt]\n"
+                 "    outputs: [response, logprobs]\n    args: {latency: {dist: lognormal, sigma: 1.0}}",
+                 at="{dist: lognormal"),)),
+    Code("AF363", "no-train", "the pipeline has no train task: nothing learns",
+         (mutate("    kind: train\n    engine: hf\n    model: policy\n    pool: train\n    loss: grpo\n",
+                 "    kind: custom\n    fn: asyncflow.rewards:digits_match\n    keep: []\n", at="tasks:"),),
+         severity=_W),
+]

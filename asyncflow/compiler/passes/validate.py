@@ -1,9 +1,536 @@
-"""The validate pass: the language's rules (LANGUAGE.md), each with its AF3xx code."""
+"""The validate pass: the language's rules (LANGUAGE.md), each with its AF3xx code.
+
+Every rule adds located diagnostics and goes on, so a file's independent errors are reported
+at once. The rules, in the order they run (codes in :mod:`asyncflow.diagnostics.rules`):
+
+1. data flow: every input has exactly one producer, every output is consumed or kept, the data
+   edges form a DAG, tasks read and produce something (AF30x);
+2. models: init or copy_of, no copy cycle, not trained when frozen, one trainer each (AF31x);
+3. tasks: the keys each kind needs and takes, engine/pool/estimator/loss names, pool sizes,
+   the critic (AF32x, AF33x);
+4. ``module:function`` references and files resolve -- found and parsed, never imported (AF34x);
+5. weight sync: from a train task to a task on the same model, every user of a trained model
+   gets one (AF35x);
+6. batch arithmetic and the known task ``args`` (AF36x).
+"""
 from __future__ import annotations
 
-from asyncflow.diagnostics import Diagnostics
+import ast as pyast
+import os
+import re
+import sys
+from importlib.machinery import PathFinder
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from asyncflow.diagnostics import Diagnostics, did_you_mean
+from asyncflow.dsl import ast
+from asyncflow.dsl.build import REF_RE
+from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
+
+ENGINE_KINDS = ("rollout", "logprob", "value", "train")  # run by an engine, on a pool
+# the reference keys each kind takes; the first group is required
+KEYS = {
+    "rollout": (("engine", "model", "pool"), ("env",)),
+    "logprob": (("engine", "model", "pool"), ()),
+    "value": (("engine", "model", "pool"), ()),
+    "train": (("engine", "model", "pool", "loss"), ()),
+    "reward": (("fn",), ("pool",)),
+    "filter": (("fn",), ("pool",)),
+    "custom": (("fn",), ("pool",)),
+    "advantage": (("estimator",), ("pool",)),
+}
+REF_KEYS = ("engine", "model", "pool", "fn", "estimator", "loss", "env")
+NEEDS_OUTPUTS = ("rollout", "reward", "logprob", "value", "advantage", "filter")
+# built-in engines that run only some kinds (others, and plug-ins, may run any)
+ENGINE_RUNS = {"vllm": ("rollout",), "deepspeed": ("train", "logprob", "value")}
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# task args the compiler knows: (type, lower bound, bound is strict)
+ARGS = {
+    "micro_batch": ("int", 1, False), "max_new_tokens": ("int", 1, False),
+    "slots": ("int", 1, False), "max_turns": ("int", 1, False),
+    "temperature": ("num", 0, False), "lr": ("num", 0, True), "kl_coef": ("num", 0, False),
+    "seconds_per_sample": ("num", 0, False),
+}
 
 
 def validate(graph: Graph, diags: Diagnostics) -> None:
     """Add a located diagnostic to ``diags`` for every rule ``graph`` breaks."""
+    p = graph.pipeline
+    _dataflow(graph, diags, clean=not diags.errors)
+    _models(p, diags)
+    for src in p.data.values():
+        _check_source(p, src, diags)
+    _tasks(graph, diags)
+    _sync(p, diags)
+    _batch(p, diags)
+
+
+def _at(defn: Any, key: str) -> SourceLoc:
+    """Where ``key`` of ``defn`` is written, else where ``defn`` itself is."""
+    return defn.locs.get(key, defn.loc)
+
+
+def _broken(d: Diagnostics, defn: Any, key: str) -> bool:
+    """Whether an earlier error points into ``key`` of ``defn`` (its value was dropped)."""
+    loc = defn.locs.get(key)
+    if loc is None:
+        return False
+    end = (loc.end_line, loc.end_col) if loc.end_line else (loc.line, loc.col)
+    return any(x.loc is not None and x.loc.file == loc.file
+               and (loc.line, loc.col) <= (x.loc.line, x.loc.col) <= end for x in d.errors)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# -- 1. data flow -------------------------------------------------------------------------------
+def _dataflow(graph: Graph, d: Diagnostics, clean: bool) -> None:
+    """``clean``: no earlier error, so the lists of consumers are complete (an earlier error
+    may have dropped a task or an ``inputs`` list; "never used" would then be noise)."""
+    p = graph.pipeline
+    tasks = [t for t in p.tasks.values() if t.name not in p.data]
+    for t in p.tasks.values():
+        if t.name in p.data:
+            d.add("AF306", t.loc, name=t.name)
+    producers = graph.producers()
+    for f, names in producers.items():
+        for name in names[1:]:
+            node = graph.node(name).defn
+            key = "fields" if isinstance(node, ast.DataDef) else "outputs"
+            idx = getattr(node, key).index(f)
+            d.add("AF302", _at(node, f"{key}.{idx}"), field=f, first=names[0], second=name)
+    consumed = {f for t in tasks for f in t.inputs}
+    for t in tasks:
+        if not t.inputs and not _broken(d, t, "inputs"):
+            d.add("AF307", t.loc, task=t.name)
+        if not t.outputs and t.kind in NEEDS_OUTPUTS and not _broken(d, t, "outputs"):
+            d.add("AF308", t.loc, what=f"{t.kind} task", name=t.name, key="outputs")
+        for i, f in enumerate(t.inputs):
+            if f not in producers:
+                d.add("AF301", _at(t, f"inputs.{i}"), did_you_mean(f, producers), field=f, task=t.name)
+        for i, f in enumerate(t.outputs):
+            if clean and f not in consumed and f not in t.keep:
+                d.add("AF303", _at(t, f"outputs.{i}"),
+                      f"list it as a final output with `keep: [{f}]` in task '{t.name}'",
+                      field=f, task=t.name)
+        for i, f in enumerate(t.keep):
+            if f not in t.outputs:
+                d.add("AF304", _at(t, f"keep.{i}"), did_you_mean(f, t.outputs), field=f, task=t.name)
+    for src in p.data.values():
+        if not src.fields and "fields" in src.locs and not _broken(d, src, "fields"):
+            d.add("AF308", _at(src, "fields"), what="data source", name=src.name, key="fields")
+        for i, f in enumerate(src.fields or ()):
+            if clean and f not in consumed:
+                d.add("AF309", _at(src, f"fields.{i}"), field=f, source=src.name)
+    _cycles(graph, d)
+
+
+def _cycles(graph: Graph, d: Diagnostics) -> None:
+    dag = graph.data_dag()
+    order = {n: i for i, n in enumerate(graph.g.nodes)}
+    for scc in sorted(nx.strongly_connected_components(dag), key=lambda s: min(order[n] for n in s)):
+        first = min(scc, key=order.__getitem__)
+        if len(scc) == 1 and not dag.has_edge(first, first):
+            continue
+        sub = dag.subgraph(scc)
+        pred = min((u for u in sub.predecessors(first)), key=order.__getitem__)
+        path = nx.shortest_path(sub, first, pred) if pred != first else [first]
+        t = graph.node(first).defn
+        fields = graph.g.edges[pred, first, "data"]["edge"].fields
+        d.add("AF305", _at(t, f"inputs.{t.inputs.index(fields[0])}"),
+              f"'{first}' reads '{fields[0]}' from '{pred}', which depends on '{first}'",
+              cycle=" -> ".join(path + [first]))
+
+
+# -- 2. models ------------------------------------------------------------------------------------
+def _models(p: ast.Pipeline, d: Diagnostics) -> None:
+    used = {t.model for t in p.tasks.values() if t.model}
+    for m in p.models.values():
+        if m.init is None and m.copy_of is None:
+            d.add("AF311", m.loc, model=m.name)
+        if m.init is not None and m.copy_of is not None:
+            d.add("AF312", _at(m, "copy_of"), model=m.name)
+        if m.copy_of is not None and m.copy_of not in p.models:
+            d.add("AF310", _at(m, "copy_of"), did_you_mean(m.copy_of, p.models), name=m.copy_of)
+        if m.init is not None:
+            _check_init(p, m, d)
+    reported: set[str] = set()
+    for m in p.models.values():  # copy_of chains
+        chain = [m.name]
+        cur = m
+        while cur.copy_of in p.models and cur.copy_of not in chain:
+            cur = p.models[cur.copy_of]
+            chain.append(cur.name)
+        if cur.copy_of in chain and m.name in chain[chain.index(cur.copy_of):]:
+            cycle = chain[chain.index(cur.copy_of):]
+            if not reported & set(cycle):
+                reported.update(cycle)
+                d.add("AF313", _at(m, "copy_of"), cycle=" -> ".join(cycle + [cycle[0]]))
+    copied = {m.copy_of for m in p.models.values() if m.copy_of}
+    for m in p.models.values():
+        if m.name not in used and m.name not in copied:
+            d.add("AF316", m.loc, model=m.name)
+
+
+def _check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
+    v = m.init
+    loc = _at(m, "init")
+    if REF_RE.match(v):
+        _check_ref(p, v, "init", loc, d)
+        return
+    looks_path = v.startswith(("/", "./", "../", "~")) or v.endswith(CKPT_SUFFIXES)
+    if looks_path or _find_file(p, v):
+        if not _find_file(p, v):
+            d.add("AF342", loc, key="init", path=v, where=_where(p, v))
+    elif not HUB_ID.match(v):
+        d.add("AF344", loc, model=m.name, value=v)
+
+
+# -- 3. tasks -------------------------------------------------------------------------------------
+def _tasks(graph: Graph, d: Diagnostics) -> None:
+    from asyncflow.algos import ESTIMATORS, LOSSES
+    from asyncflow.engines.base import engine_names
+
+    p = graph.pipeline
+    engines = engine_names()
+    trainers: dict[str, list[ast.TaskDef]] = {}
+    for t in p.tasks.values():
+        required, optional = KEYS[t.kind]
+        for key in required:
+            if getattr(t, key) is None:
+                why = " (a task with an engine runs on a pool's devices)" if key == "pool" else ""
+                d.add("AF325", t.loc, task=t.name, kind=t.kind, key=key, why=why)
+        for key in REF_KEYS:
+            if getattr(t, key) is not None and key not in required + optional:
+                why = ""
+                if key in ("engine", "model"):
+                    why = " (only rollout, logprob, value and train tasks run a model on an engine)"
+                elif key in ("fn", "estimator", "loss", "env"):
+                    owner = {"fn": "reward, filter and custom", "estimator": "advantage",
+                             "loss": "train", "env": "rollout"}[key]
+                    why = f" (only {owner} tasks take one)"
+                d.add("AF326", _at(t, key), task=t.name, key=key, kind=t.kind, why=why)
+        if t.engine is not None and "engine" in required:
+            if t.engine not in engines:
+                d.add("AF323", _at(t, "engine"), did_you_mean(t.engine, engines), name=t.engine,
+                      known=", ".join(engines))
+            elif t.kind not in ENGINE_RUNS.get(t.engine, (t.kind,)):
+                d.add("AF324", _at(t, "engine"), engine=t.engine, kind=t.kind,
+                      kinds=", ".join(ENGINE_RUNS[t.engine]) + " tasks")
+        if t.model is not None and t.model not in p.models:
+            d.add("AF310", _at(t, "model"), did_you_mean(t.model, p.models), name=t.model)
+        if t.pool is not None:
+            pool = p.pools.get(t.pool)
+            if pool is None:
+                d.add("AF320", _at(t, "pool"), did_you_mean(t.pool, p.pools), name=t.pool)
+            elif pool.devices is not None and t.replicas * t.devices_per_replica > pool.devices:
+                key = "replicas" if "replicas" in t.locs else "devices_per_replica"
+                d.add("AF321", t.locs.get(key, _at(t, "pool")), task=t.name,
+                      need=t.replicas * t.devices_per_replica, replicas=t.replicas,
+                      dpr=t.devices_per_replica, pool=t.pool, devices=pool.devices)
+        if t.estimator is not None and t.kind == "advantage":
+            _estimator(graph, t, ESTIMATORS, d)
+        if t.loss is not None and t.kind == "train" and t.loss not in LOSSES:
+            d.add("AF331", _at(t, "loss"), did_you_mean(t.loss, LOSSES), name=t.loss,
+                  known=", ".join(LOSSES))
+        for key in ("fn", "env"):
+            if getattr(t, key) is not None and key in required + optional:
+                _check_ref(p, getattr(t, key), key, _at(t, key), d)
+        if t.kind == "train" and t.model in p.models:
+            trainers.setdefault(t.model, []).append(t)
+    used_pools = {t.pool for t in p.tasks.values()}
+    for pool in p.pools.values():
+        if pool.name not in used_pools:
+            d.add("AF322", pool.loc, pool=pool.name)
+    if not any(t.kind == "train" for t in p.tasks.values()):
+        d.add("AF363", p.locs.get("tasks", p.loc))
+    _trainers(p, trainers, LOSSES, d)
+
+
+def _estimator(graph: Graph, t: ast.TaskDef, estimators: dict, d: Diagnostics) -> None:
+    p = graph.pipeline
+    info = estimators.get(t.estimator)
+    if info is None:
+        d.add("AF330", _at(t, "estimator"), did_you_mean(t.estimator, estimators), name=t.estimator,
+              known=", ".join(estimators))
+        return
+    if info.needs_values:
+        producers = graph.producers()
+        kinds = {p.tasks[n].kind for f in t.inputs for n in producers.get(f, ()) if n in p.tasks}
+        if "value" not in kinds:
+            d.add("AF332", _at(t, "estimator"), estimator=t.estimator)
+
+
+def _trainers(p: ast.Pipeline, trainers: dict, losses: dict, d: Diagnostics) -> None:
+    critics = {t.model for t in p.tasks.values() if t.kind == "value"}
+    for model, ts in trainers.items():
+        if p.models[model].frozen:
+            for t in ts:
+                d.add("AF314", _at(t, "model"), "remove `frozen: true`, or train another model",
+                      task=t.name, model=model)
+        for t in ts[1:]:
+            d.add("AF315", _at(t, "model"), model=model, first=ts[0].name, second=t.name)
+        for t in ts:
+            info = losses.get(t.loss)
+            if info is None:
+                continue
+            if info.critic and model not in critics:
+                d.add("AF333", _at(t, "loss"), task=t.name, loss=t.loss, model=model,
+                      problem="but no value task uses that model (this loss trains a critic)")
+            elif not info.critic and model in critics:
+                d.add("AF333", _at(t, "loss"), task=t.name, loss=t.loss, model=model,
+                      problem="which a value task uses as its critic: train a critic with loss 'value'")
+
+
+# -- 4. references and files ----------------------------------------------------------------------
+def _bases(p: ast.Pipeline) -> list[Path]:
+    """Where relative paths and local modules are looked up: the pipeline's directory, the CWD."""
+    out = [Path(p.path).parent if p.path else Path("."), Path(".")]
+    return list(dict.fromkeys(x.resolve() for x in out))
+
+
+def _find_file(p: ast.Pipeline, v: str) -> Path | None:
+    path = Path(v).expanduser()
+    for c in ([path] if path.is_absolute() else [b / path for b in _bases(p)]):
+        if c.exists():
+            return c
+    return None
+
+
+def _where(p: ast.Pipeline, v: str) -> str:
+    if Path(v).expanduser().is_absolute():
+        return "the file system"
+    return " and ".join(str(b) for b in _bases(p))
+
+
+def _check_ref(p: ast.Pipeline, ref: str, key: str, loc: SourceLoc, d: Diagnostics) -> None:
+    module, _, attr = ref.partition(":")
+    spec = find_module(module, [str(b) for b in _bases(p)])
+    if spec is None:
+        d.add("AF340", loc, f"not found on sys.path nor in {_where(p, 'x')}", module=module, key=key,
+              ref=ref)
+        return
+    names = top_level_names(spec)
+    top = attr.split(".")[0]
+    if names is None or top in names:
+        return
+    if spec.submodule_search_locations and find_module(f"{module}.{top}", []) is not None:
+        return
+    if isinstance(names, SyntaxError):
+        d.add("AF341", loc, f"the module does not parse (line {names.lineno}: {names.msg})",
+              module=module, attr=top, key=key, ref=ref)
+        return
+    d.add("AF341", loc, did_you_mean(top, [n for n in names if not n.startswith("_")]),
+          module=module, attr=top, key=key, ref=ref)
+
+
+def find_module(name: str, extra: list[str]):
+    """The spec of module ``name``, found without importing it or its parent packages.
+
+    Top-level modules are also looked up in ``extra`` directories (after ``sys.path``)."""
+    parts = name.split(".")
+    spec = None
+    for i in range(len(parts)):
+        full = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(full)
+        if loaded is not None and getattr(loaded, "__spec__", None) is not None:
+            spec = loaded.__spec__
+            continue
+        path = None
+        if i:
+            path = spec.submodule_search_locations if spec is not None else None
+            if not path:
+                return None
+            path = list(path)
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            try:
+                spec = find(full, path)
+            except Exception:  # a third-party finder's fault must not break `check`
+                spec = None
+            if spec is not None:
+                break
+        if spec is None and i == 0 and extra:
+            spec = PathFinder.find_spec(full, extra)
+        if spec is None:
+            return None
+    return spec
+
+
+_PARSED: dict[tuple[str, int], Any] = {}
+
+
+def top_level_names(spec) -> set[str] | SyntaxError | None:
+    """The names a module's source defines at top level; ``None`` when that cannot be known
+    (no Python source, ``from x import *``, a module ``__getattr__``)."""
+    origin = spec.origin
+    if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
+        return None
+    key = (origin, os.stat(origin).st_mtime_ns)
+    if key not in _PARSED:
+        try:
+            tree = pyast.parse(Path(origin).read_bytes(), origin)
+        except SyntaxError as exc:
+            _PARSED[key] = exc
+        except (OSError, ValueError):
+            _PARSED[key] = None
+        else:
+            names: set[str] = set()
+            _PARSED[key] = names if _collect(tree.body, names) else None
+    return _PARSED[key]
+
+
+def _collect(body: list, names: set[str]) -> bool:
+    """Add the names ``body`` binds; False when they cannot all be known statically."""
+    for s in body:
+        if isinstance(s, (pyast.FunctionDef, pyast.AsyncFunctionDef, pyast.ClassDef)):
+            names.add(s.name)
+            if s.name == "__getattr__":
+                return False
+        elif isinstance(s, (pyast.Assign, pyast.AnnAssign, pyast.AugAssign)):
+            targets = s.targets if isinstance(s, pyast.Assign) else [s.target]
+            for tgt in targets:
+                for n in pyast.walk(tgt):
+                    if isinstance(n, pyast.Name):
+                        names.add(n.id)
+        elif isinstance(s, (pyast.Import, pyast.ImportFrom)):
+            for a in s.names:
+                if a.name == "*":
+                    return False
+                names.add(a.asname or a.name.split(".")[0])
+        elif isinstance(s, (pyast.If, pyast.Try, pyast.With, pyast.For, pyast.While)):
+            for part in ("body", "orelse", "finalbody"):
+                if not _collect(getattr(s, part, []), names):
+                    return False
+            for h in getattr(s, "handlers", []):
+                if not _collect(h.body, names):
+                    return False
+    return True
+
+
+def _check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
+    loc = _at(src, "source")
+    v = src.source
+    if not isinstance(v, str):
+        return
+    if REF_RE.match(v):
+        _check_ref(p, v, "source", loc, d)
+    elif v.lower().endswith(DATA_SUFFIXES):
+        if _find_file(p, v) is None:
+            d.add("AF342", loc, key="source", path=v, where=_where(p, v))
+    else:
+        d.add("AF343", loc, source=src.name, value=v)
+
+
+# -- 5. weight sync -------------------------------------------------------------------------------
+def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
+    seen: set[tuple[str, str]] = set()
+    synced: set[tuple[str, str]] = set()  # (trainer, task) pairs with a sync edge
+    for s in p.sync:
+        ok = True
+        for key, name in (("src", s.src), ("dst", s.dst)):
+            if name not in p.tasks:
+                d.add("AF350", _at(s, key), did_you_mean(name, p.tasks), name=name)
+                ok = False
+        if not ok:
+            continue
+        if (s.src, s.dst) in seen:
+            d.add("AF353", s.loc, src=s.src, dst=s.dst)
+            continue
+        seen.add((s.src, s.dst))
+        src, dst = p.tasks[s.src], p.tasks[s.dst]
+        if src.kind != "train":
+            d.add("AF351", _at(s, "src"), task=src.name, kind=src.kind)
+            continue
+        synced.add((src.name, dst.name))
+        dmodel = p.models.get(dst.model) if dst.model else None
+        if dst.name == src.name:
+            d.add("AF352", _at(s, "dst"), dst=dst.name,
+                  problem="a train task already holds the weights it updates")
+        elif dst.model is None:
+            d.add("AF352", _at(s, "dst"), dst=dst.name, problem=f"it is of kind {dst.kind} and runs no model")
+        elif dmodel is not None and dmodel.frozen:
+            d.add("AF355", _at(s, "dst"), dst=dst.name, model=dst.model)
+        elif dst.model != src.model:
+            d.add("AF352", _at(s, "dst"), dst=dst.name,
+                  problem=f"it uses model '{dst.model}', not '{src.model}' that '{src.name}' trains")
+    trainer = {}
+    for t in p.tasks.values():
+        if t.kind == "train" and t.model in p.models and not p.models[t.model].frozen:
+            trainer.setdefault(t.model, t.name)
+    # (trainer's model, receiving task) pairs that a sync edge connects: one pass, not one per task
+    synced_models = {(p.tasks[a].model, b) for a, b in synced
+                     if a in p.tasks and p.tasks[a].kind == "train"}
+    for t in p.tasks.values():
+        tr = trainer.get(t.model)
+        if tr is None or t.kind == "train" or "model" not in KEYS[t.kind][0]:
+            continue
+        if (t.model, t.name) not in synced_models:
+            d.add("AF354", _at(t, "model"),
+                  f"add `- {{from: {tr}, to: {t.name}, max_staleness: 0}}` under sync: "
+                  "(0 = on-policy; 1 or more lets it run ahead)",
+                  task=t.name, model=t.model, trainer=tr)
+
+
+# -- 6. batches and args --------------------------------------------------------------------------
+def _batch(p: ast.Pipeline, d: Diagnostics) -> None:
+    total = p.step.samples_per_step
+    for t in p.tasks.values():
+        for key, v in t.args.items():
+            if key in ARGS:
+                _check_arg(t, key, v, d)
+        for section, key in (("args", "latency"), ("args", "response_tokens")):
+            spec = getattr(t, section).get(key)
+            problem = _distribution_problem(spec) if spec is not None else None
+            if problem:
+                d.add("AF362", _at(t, f"{section}.{key}"), key=f"{section}.{key}", task=t.name,
+                      problem=problem)
+        mb = t.args.get("micro_batch")
+        if not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1):
+            continue
+        reps = t.replicas if t.kind == "train" else 1
+        unit = mb * reps
+        if total % unit:
+            what = f"micro_batch {mb}" if reps == 1 else f"replicas x micro_batch = {reps} x {mb} = {unit}"
+            divs = [str(k) for k in range(1, total + 1) if total % (k * reps) == 0][:12]
+            d.add("AF360", _at(t, "args.micro_batch"),
+                  f"micro_batch values that fit: {', '.join(divs)}", total=total, what=what, task=t.name)
+
+
+def _check_arg(t: ast.TaskDef, key: str, v: Any, d: Diagnostics) -> None:
+    typ, low, strict = ARGS[key]
+    ok = (isinstance(v, int) and not isinstance(v, bool)) if typ == "int" else _is_num(v)
+    if ok and (v > low if strict else v >= low):
+        return
+    expected = ("an integer" if typ == "int" else "a number") + (f" > {low}" if strict else f" >= {low}")
+    got = repr(v) if _is_num(v) or isinstance(v, (str, bool)) or v is None else type(v).__name__
+    d.add("AF361", _at(t, f"args.{key}"), key=key, task=t.name, expected=expected, got=got)
+
+
+def _distribution_problem(v: Any) -> str | None:
+    """What is wrong with a latency spec (a number of seconds or a distribution), if anything:
+    the one reading the sim engine and the cost model share (:mod:`asyncflow.costmodel`)."""
+    from asyncflow.costmodel import DISTS, Distribution
+
+    if isinstance(v, dict) and "dist" in v and not isinstance(v["dist"], str):
+        return f"'dist' must be one of {', '.join(DISTS)}, not {v['dist']!r}"
+    try:
+        Distribution.from_spec(v)
+    except ValueError as exc:
+        return str(exc)
+    except TypeError:  # a value of a type the spec reader does not expect
+        return "not a number of seconds nor a distribution {dist: NAME, ...}"
+    return None
+
+
+__all__ = ["validate", "find_module", "top_level_names"]
