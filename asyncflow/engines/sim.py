@@ -1,0 +1,332 @@
+"""The ``sim`` engine: computes nothing, sleeps for a modelled device time (LANGUAGE.md, "The sim
+engine"), and still returns well-formed outputs so every downstream task runs for real.
+
+One class, :class:`SimEngine`, implements all three protocols of :mod:`asyncflow.engines.base`.
+Its ``args`` (the task's ``args:``; every sleep is multiplied by ``time_scale``):
+
+=====================  ==============================================================  =========
+arg                    meaning                                                         default
+=====================  ==============================================================  =========
+``slots``              samples one rollout replica works on at once (continuous        64
+                       batching): a freed slot takes the next row at once
+``latency``            device time of one sample, in seconds: a number, or a           0.01
+                       distribution ``{dist, ..., seed}`` (below)
+``response_tokens``    length of a generated response: a number or a distribution      8
+``seconds_per_sample`` scorer / trainer: a call on n rows sleeps ``n * this``          0.002 /
+                                                                                       0.005
+``sync_seconds``       time ``update_weights`` takes (weight transfer), per call        0
+``time_scale``         multiplies every sleep (tests run a modelled second in 1 ms)    1.0
+=====================  ==============================================================  =========
+
+Distributions (all take ``seed``; ``max`` clamps a heavy tail):
+
+=============  ===========================  =========================================
+``dist``       parameters                   a draw
+=============  ===========================  =========================================
+``constant``   ``value``                    ``value``
+``uniform``    ``min``, ``max``             ``U(min, max)``
+``lognormal``  ``median``, ``sigma``, max   ``min(median * exp(sigma * N(0, 1)), max)``
+``pareto``     ``scale``, ``alpha``, max    ``min(scale * U^(-1/alpha), max)``
+=============  ===========================  =========================================
+
+The distributions are :class:`asyncflow.costmodel.Distribution` (the compiler's cost pass reads
+the same specs).
+
+**Determinism.** The latency of a row depends only on (the distribution's ``seed``, the row's
+``_row`` index), its outputs only on (the spec's ``seed``, ``_row``): never on call order, batch
+composition or replica, so the same row costs the same time and yields the same tokens wherever
+it runs. A batch without ``_row`` uses the rows' positions in the batch.
+
+**Three ways to generate**, all with the same per-sample latencies:
+
+- ``generate(batch)``: returns when every row is done; the call lasts the *slot makespan*
+  (rows taken in batch order by ``slots`` concurrent slots, computed exactly and slept once).
+- ``generate_iter(batch)`` yields ``(i, outputs)`` as each sample finishes (``i`` = position in
+  the batch, ``outputs`` = ``{field: value}``), in completion order, sleeping between
+  completions; ``generate_stream(batch, emit)`` calls ``emit(i, outputs)`` the same way and then
+  returns the full columns. Both end at the same makespan as ``generate``.
+- ``serve(pull, emit)``: continuous batching *across* calls. It keeps up to ``slots`` samples in
+  flight, calls ``pull(k)`` for up to ``k`` new rows whenever slots are free (so an asynchronous
+  plan fills freed slots with the next step's prompts), and emits each finished sample as a
+  one-row dict carrying ``_row``/``_group`` and ``_version`` (the version it started under).
+
+``generate`` keeps no per-call state, so a runtime may also call it from several threads.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import heapq
+import json
+import os
+import random
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.tokens import Text
+
+STATE_FILE = "sim_engine.json"
+DIGIT0 = 4  # CharTokenizer id of "0" (asyncflow.models): responses are digit strings
+
+
+def _distribution(spec: Any):
+    """A :class:`asyncflow.costmodel.Distribution` (the one shared spec; raises its SpecError,
+    a ValueError, on a bad spec)."""
+    from asyncflow.costmodel import Distribution
+
+    return Distribution.from_spec(spec)
+
+
+def _rng(*key) -> random.Random:
+    """A generator that depends only on ``key`` (str seeding is hashed with SHA-512: stable
+    across processes and Python versions)."""
+    return random.Random(":".join(str(k) for k in key))
+
+
+def slot_schedule(latencies: list[float], slots: int) -> list[tuple[float, int]]:
+    """``(finish_time, i)`` of each row, in completion order, when rows are taken in order by
+    ``slots`` concurrent slots and a freed slot takes the next row at once. The last finish
+    time is the makespan."""
+    free = [0.0] * max(1, min(slots, len(latencies)))
+    done = []
+    for i, lat in enumerate(latencies):
+        start = heapq.heappop(free)
+        heapq.heappush(free, start + lat)
+        done.append((start + lat, i))
+    done.sort()
+    return done
+
+
+def _n_rows(batch: Columns) -> int:
+    return max((len(v) for v in batch.values()), default=0)
+
+
+# -- the engine --------------------------------------------------------------------------------
+
+class SimEngine:
+    """Rollout, Scorer and Trainer that sleep for a modelled device time (module docstring)."""
+
+    def __init__(self, spec: EngineSpec):
+        self.spec = spec
+        args = dict(spec.args or {})
+        self.slots = int(args.get("slots", 64))
+        if self.slots < 1:
+            raise ValueError(f"args.slots of task {spec.task!r} must be >= 1, not {self.slots}")
+        self.latency = _distribution(args.get("latency", 0.01))
+        self.response_tokens = _distribution(args.get("response_tokens", 8))
+        default_sps = 0.005 if spec.kind == "train" else 0.002
+        self.seconds_per_sample = float(args.get("seconds_per_sample", default_sps))
+        self.sync_seconds = float(args.get("sync_seconds", 0.0))
+        self.time_scale = float(args.get("time_scale", 1.0))
+        self.seed = spec.seed
+        self.version = 0  # the policy version this instance holds (trained or adopted)
+        self.adopted: list[int] = []  # versions received through update_weights, in order
+        self.weights: Any = None
+        self.steps = 0
+        self._lock = threading.Lock()
+
+    # -- time --------------------------------------------------------------------------------
+    def _sleep(self, seconds: float) -> None:
+        if seconds * self.time_scale > 0:
+            time.sleep(seconds * self.time_scale)
+
+    def _sleep_until(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+    # -- per-row draws -----------------------------------------------------------------------
+    def _rows(self, batch: Columns) -> list[int]:
+        rows = batch.get("_row")
+        return [int(r) for r in rows] if rows is not None else list(range(_n_rows(batch)))
+
+    def latency_of(self, row: int) -> float:
+        """Modelled device seconds of the sample in store row ``row`` (before ``time_scale``)."""
+        return max(0.0, self.latency.sample(_rng("latency", self.latency.seed, row)))
+
+    def _length(self, row: int) -> int:
+        return max(1, int(round(self.response_tokens.sample(_rng("len", self.seed, row)))))
+
+    def _response(self, row: int, prompt: Any) -> Text:
+        n = self._length(row)
+        rng = _rng("tokens", self.seed, row)
+        digits = [rng.randrange(10) for _ in range(n)]
+        return Text("".join(map(str, digits)), [DIGIT0 + d for d in digits], _prompt_ids(prompt))
+
+    def _per_token(self, row: int, name: str, n: int) -> list[float]:
+        rng = _rng(name, self.seed, row)
+        if "value" in name:
+            return [round(rng.uniform(-1.0, 1.0), 6) for _ in range(n)]
+        return [round(-rng.expovariate(2.0) - 1e-3, 6) for _ in range(n)]  # log-probs: < 0
+
+    def _outputs(self, batch: Columns, names) -> Columns:
+        """Deterministic outputs ``names`` for every row of ``batch``."""
+        rows = self._rows(batch)
+        prompts = batch.get("prompt", [None] * len(rows))
+        responses = [self._response(r, p) for r, p in zip(rows, prompts)]
+        makes_text = any(n == "response" or n.endswith("response") for n in names)
+        lengths = [len(t.ids) for t in
+                   (responses if makes_text else _token_source(batch, len(rows)) or responses)]
+        cols: Columns = {}
+        for name in names:
+            if name == "response" or name.endswith("response"):
+                cols[name] = responses
+            elif name.endswith("logprobs") or name.endswith("values"):
+                cols[name] = [self._per_token(r, name, n) for r, n in zip(rows, lengths)]
+            else:
+                cols[name] = [round(_rng(name, self.seed, r).random(), 6) for r in rows]
+        return cols
+
+    # -- Rollout -----------------------------------------------------------------------------
+    def schedule(self, batch: Columns) -> list[tuple[float, int]]:
+        """``(finish_seconds, i)`` per row in completion order (unscaled); last = makespan."""
+        return slot_schedule([self.latency_of(r) for r in self._rows(batch)], self.slots)
+
+    def generate(self, batch: Columns) -> Columns:
+        """All rows through ``slots`` slots; sleeps the slot makespan once, returns the outputs."""
+        done = self.schedule(batch)
+        self._sleep(done[-1][0] if done else 0.0)
+        return self._outputs(batch, self.spec.outputs or ("response", "logprobs"))
+
+    def generate_iter(self, batch: Columns) -> Iterator[tuple[int, dict]]:
+        """Yield ``(i, {field: value})`` as each sample finishes, in completion order."""
+        names = self.spec.outputs or ("response", "logprobs")
+        cols = self._outputs(batch, names)
+        start = time.monotonic()
+        for finish, i in self.schedule(batch):
+            self._sleep_until(start + finish * self.time_scale)
+            yield i, {name: cols[name][i] for name in names}
+
+    def generate_stream(self, batch: Columns, emit: Callable[[int, dict], Any]) -> Columns:
+        """Call ``emit(i, outputs)`` as each sample finishes; then return all the columns."""
+        names = self.spec.outputs or ("response", "logprobs")
+        cols: Columns = {name: [None] * _n_rows(batch) for name in names}
+        for i, out in self.generate_iter(batch):
+            emit(i, out)
+            for name in names:
+                cols[name][i] = out[name]
+        return cols
+
+    def serve(self, pull: Callable[[int], Columns | None], emit: Callable[[dict], Any],
+              poll: float = 0.002) -> int:
+        """Continuous batching across steps: keep up to ``slots`` samples in flight.
+
+        ``pull(k)`` returns a column batch of at most ``k`` rows (empty when none is ready yet)
+        or ``None`` when no more rows will come; ``emit(row)`` receives each finished sample as
+        ``{"_row", "_group"?, "_version", output fields...}``. Returns the number served."""
+        names = self.spec.outputs or ("response", "logprobs")
+        flight: list = []  # (finish wall time, seq, row dict)
+        seq = served = 0
+        exhausted = False
+        while True:
+            free = self.slots - len(flight)
+            if free > 0 and not exhausted:
+                got = pull(free)
+                if got is None:
+                    exhausted = True
+                elif _n_rows(got):
+                    now, cols, rows = time.monotonic(), self._outputs(got, names), self._rows(got)
+                    for i, r in enumerate(rows):
+                        row = {"_row": r, "_version": self.version}
+                        if "_group" in got:
+                            row["_group"] = got["_group"][i]
+                        row.update({name: cols[name][i] for name in names})
+                        finish = now + self.latency_of(r) * self.time_scale
+                        heapq.heappush(flight, (finish, seq, row))
+                        seq += 1
+                    continue
+            if not flight:
+                if exhausted:
+                    return served
+                time.sleep(poll)
+                continue
+            wake = flight[0][0]
+            if len(flight) < self.slots and not exhausted:
+                wake = min(wake, time.monotonic() + poll)  # look for new rows meanwhile
+            self._sleep_until(wake)
+            while flight and flight[0][0] <= time.monotonic():
+                emit(heapq.heappop(flight)[2])
+                served += 1
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        """Adopt ``weights`` as policy ``version`` (sleeps ``sync_seconds``)."""
+        self._sleep(self.sync_seconds)
+        with self._lock:
+            self.weights, self.version = weights, int(version)
+            self.adopted.append(int(version))
+
+    # -- Scorer ------------------------------------------------------------------------------
+    def logprobs(self, batch: Columns) -> Columns:
+        """Per-token floats for ``outputs[0]`` (log-probs < 0, or values in [-1, 1]), one per
+        token of the batch's response; sleeps ``seconds_per_sample * n``."""
+        n = _n_rows(batch)
+        self._sleep(self.seconds_per_sample * n)
+        name = (self.spec.outputs or ("logprobs",))[0]
+        rows = self._rows(batch)
+        source = _token_source(batch, n)
+        lengths = [len(t.ids) for t in source] if source else [self._length(r) for r in rows]
+        return {name: [self._per_token(r, name, k) for r, k in zip(rows, lengths)]}
+
+    # -- Trainer -----------------------------------------------------------------------------
+    def train_step(self, batch: Columns) -> dict[str, float]:
+        """Sleeps ``seconds_per_sample * n``, bumps the version, returns ``{loss, samples, ...}``.
+        The loss falls smoothly with the version, with a little deterministic noise."""
+        n = _n_rows(batch)
+        self._sleep(self.seconds_per_sample * n)
+        with self._lock:
+            self.version += 1
+            self.steps += 1
+            v = self.version
+        noise = _rng("loss", self.seed, v).gauss(0.0, 0.02)
+        return {"loss": round(1.0 / (1.0 + 0.05 * v) + noise, 6), "samples": n, "version": v}
+
+    def export_weights(self) -> dict:
+        """A small stand-in for the weights: ``{"version", "fingerprint"}``."""
+        return {"version": self.version, "fingerprint": self.fingerprint()}
+
+    def fingerprint(self, version: int | None = None) -> str:
+        v = self.version if version is None else version
+        key = f"{(self.spec.model or {}).get('name', '')}:{self.seed}:{v}"
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def save(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        state = {"task": self.spec.task, "version": self.version, "steps": self.steps,
+                 "fingerprint": self.fingerprint()}
+        with open(os.path.join(directory, STATE_FILE), "w") as f:
+            json.dump(state, f)
+
+    def load(self, directory: str) -> None:
+        with open(os.path.join(directory, STATE_FILE)) as f:
+            state = json.load(f)
+        self.version, self.steps = int(state["version"]), int(state.get("steps", 0))
+
+
+def _prompt_ids(prompt: Any) -> tuple:
+    if isinstance(prompt, Text) and prompt.ids:
+        return prompt.ids
+    if prompt is None:
+        return ()
+    tok = _tokenizer()
+    return tuple(tok.encode(str(prompt))) if tok else tuple(ord(c) % 256 for c in str(prompt))
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
+    try:
+        from asyncflow.models import CharTokenizer
+
+        return CharTokenizer()
+    except Exception:  # models.py is optional here: fall back to byte ids
+        return None
+
+
+def _token_source(batch: Columns, n: int) -> list[Text] | None:
+    """The first column of ``Text`` (a response) in ``batch``: its rows' token counts."""
+    for name, col in batch.items():
+        if len(col) == n and n and all(isinstance(t, Text) for t in col):
+            if name != "prompt":
+                return col
+    return None
