@@ -125,6 +125,9 @@ def register(app: typer.Typer) -> None:
 
         if device_kind.lower() not in DEVICE_KINDS:
             usage_error(f"--device-kind must be one of {', '.join(DEVICE_KINDS)}")
+        if dump_after is not None:  # `build_ir` and `build-ir` name the pass `build IR`
+            dump_after = {n.lower().replace(" ", "_"): n for n in PASS_NAMES}.get(
+                dump_after.lower().replace("-", "_").replace(" ", "_"), dump_after)
         if dump_after is not None and dump_after not in PASS_NAMES:
             usage_error(f"--dump-after must be one of {', '.join(PASS_NAMES)}")
         if sum((json_, dot, mermaid, html, dump_after is not None)) > 1:
