@@ -12,12 +12,15 @@ import random
 DIGITS_TASKS = ("add", "copy", "reverse")
 
 
-def digits(n: int = 10000, seed: int = 0, task: str = "add", max_operand: int = 9,
+def digits(n: int = 10000, seed: int = 0, task: str = "add", max_operand: int = 4,
            length: int = 3) -> list[dict]:
     """``n`` short digit problems, each ``{"prompt", "answer"}``.
 
     - ``add`` (default): ``"3+4="`` -> ``"7"``, operands in ``0..max_operand``. With the default
-      9 the answers are 0..18: a lookup table a ~0.5M-parameter decoder learns with GRPO.
+      4 the answers are single digits 0..8: from random init, GRPO (32 prompts x 8 samples,
+      lr 1e-3, exact-match reward) takes a 2-layer, hidden-64 decoder from 0.4% to
+      ~50% exact in ~160 steps on a CPU (~40 s). ``max_operand=9`` (answers 0..18) learns
+      several times slower.
     - ``copy``: ``"copy 417="`` -> ``"417"`` (``length`` digits).
     - ``reverse``: ``"rev 417="`` -> ``"714"``.
     """

@@ -9,16 +9,17 @@ from fractions import Fraction
 _LEADING_DIGITS = re.compile(r"\d*")
 
 
-def digits_match(prompt: str, answer: str, response: str, partial: bool = True) -> float:
+def digits_match(prompt: str, answer: str, response: str, partial: bool = False) -> float:
     """1.0 when the response, after stripping whitespace, starts with ``answer`` and the answer
     is not merely the prefix of a longer number (``"19"`` and ``"19 ok"`` match ``19``;
     ``"190"`` does not).
 
-    With ``partial`` (the default) a wrong response still earns shaped credit, so a model
-    trained from scratch has a gradient before it is ever exactly right. With ``lead`` the
+    With ``partial`` (off by default) a wrong response still earns shaped credit. With ``lead`` the
     response's leading run of digits: ``0.1`` if it is not empty, plus
     ``0.4 * (characters equal at the same position) / max(len(answer), len(lead))``; at most
-    0.5, so always below an exact match, and a too-long number is penalised."""
+    0.5, so always below an exact match, and a too-long number is penalised. (Measured: from
+    scratch, GRPO learns the digits task faster *without* it; the shaped credit rewards
+    strings of digits, a local optimum.)"""
     answer = str(answer).strip()
     text = str(response).strip()
     if text.startswith(answer):

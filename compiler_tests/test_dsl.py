@@ -159,7 +159,7 @@ def test_locations_point_into_the_af_source():
     assert (init.line, init.col) == at(GRPO_AF, "asyncflow.models:tiny_decoder")
     assert init.end_col - init.col == len("asyncflow.models:tiny_decoder")
     lr = p.tasks["update"].locs["args.lr"]
-    assert (lr.line, lr.col) == at(GRPO_AF, "1.0e-4")
+    assert (lr.line, lr.col) == at(GRPO_AF, "1.0e-3")
     inp = p.tasks["score"].locs["inputs.2"]
     assert (inp.line, inp.col) == at(GRPO_AF, "response) -> reward")
     frozen = p.models["reference"].locs["frozen"]

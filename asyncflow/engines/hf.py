@@ -1,0 +1,363 @@
+"""The ``hf`` engine: transformers + torch, fp32, CPU (or one GPU via ``args.device``).
+
+``HFEngine(spec)`` implements all three service interfaces; ``spec.kind`` says which one a task
+uses (rollout | logprob | value | train). Weights come from ``spec.model["init"]`` through
+:func:`asyncflow.models.load` (a ``module:factory`` or a local directory; never a download).
+
+Task args it reads (all optional):
+
+===================  ===========  ==================================================
+arg                  default      meaning
+===================  ===========  ==================================================
+``max_new_tokens``   16           rollout: response length limit (eos stops earlier)
+``temperature``      1.0          sampling temperature; scorer/trainer log-probs use it too
+``top_p``            1.0          rollout: nucleus sampling (does not change log-probs)
+``lr``               1e-4         train: AdamW learning rate
+``weight_decay``     0.0          train: AdamW weight decay
+``betas``            [0.9, 0.999] train: AdamW betas
+``micro_batch``      all rows     train/score: rows per forward pass
+``max_grad_norm``    1.0          train: gradient clipping (``None``: off)
+``threads``          2            ``torch.set_num_threads`` (process-wide)
+``device``           cpu          torch device
+loss settings        -            :class:`asyncflow.algos.config.LossConfig` fields
+===================  ===========  ==================================================
+
+Columns: a rollout reads ``prompt`` and writes ``spec.outputs`` = ``[response, logprobs]``
+(``response`` a :class:`~asyncflow.tokens.Text`, ``logprobs`` one float per response token under
+``log softmax(logits / temperature)``). A ``logprob`` scorer writes ``spec.outputs[0]`` (e.g.
+``ref_logprobs``), one float per response token; a ``value`` scorer writes per-token values
+``V(s_t)`` from a linear value head on the last hidden state at the position that predicts
+token t. A trainer reads ``response``, ``logprobs`` (behaviour), ``advantages`` (one per sample,
+or one per token) and optional ``ref_logprobs``; the ``value`` loss reads ``returns`` and
+``values`` instead.
+
+Reproducibility: initial weights depend only on the model's ``seed`` arg; sampling uses a
+``torch.Generator`` seeded with ``spec.seed * 1_000_003 + spec.replica``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from asyncflow.algos import loss_aggregation
+from asyncflow.engines import torch_common as tc
+from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.tokens import Text
+
+STATE_FILE = "engine_state.pt"
+VALUE_HEAD = "value_head."
+
+
+class HFEngine:
+    """A transformers causal LM as rollout, scorer and trainer (see the module docstring)."""
+
+    def __init__(self, spec: EngineSpec):
+        from asyncflow import models
+
+        self.spec = spec
+        args = dict(spec.args)
+        self.args = args
+        torch.set_num_threads(int(args.get("threads", 2)))
+        self.device = torch.device(args.get("device", "cpu"))
+        self.temperature = float(args.get("temperature", spec.extra.get("temperature", 1.0)))
+        self.top_p = float(args.get("top_p", 1.0))
+        self.max_new_tokens = int(args.get("max_new_tokens", 16))
+        self.micro_batch = int(args.get("micro_batch") or 0)
+        self.version = 0
+        self.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + spec.replica)
+
+        self.model, self.tokenizer = models.load(spec.model["init"], spec.model.get("args"))
+        self.model.to(self.device, dtype=torch.float32)
+        self.critic = spec.kind == "value" or spec.loss == "value"
+        self.value_head = None
+        if self.critic:
+            hidden = self.model.config.hidden_size
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(spec.model.get("args", {}).get("seed", 0)) + 1)
+                self.value_head = torch.nn.Linear(hidden, 1).to(self.device)
+                torch.nn.init.normal_(self.value_head.weight, std=0.02)
+                torch.nn.init.zeros_(self.value_head.bias)
+        self.optimizer = None
+        if spec.kind == "train":
+            self._build_trainer()
+        else:
+            self.model.eval()
+            self.model.requires_grad_(False)
+
+    # ------------------------------------------------------------------ shared
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, Text) and prompt.ids:
+            return list(prompt.ids)
+        bos = self.tokenizer.bos_id
+        return ([bos] if bos is not None else []) + self.tokenizer.encode(str(prompt))
+
+    def _pairs(self, batch: Columns) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompt ids, response ids) per row; re-tokenizes only text that is not a Text."""
+        responses = batch[self._response_column(batch)]
+        prompts_col = batch.get("prompt", [None] * len(responses))
+        prompts, resps = [], []
+        for p, r in zip(prompts_col, responses):
+            if isinstance(r, Text) and (r.ids or r.prompt_ids):
+                prompts.append(list(r.prompt_ids))
+                resps.append(list(r.ids))
+            else:
+                prompts.append(self._prompt_ids(p))
+                resps.append(self.tokenizer.encode(str(r)))
+        return prompts, resps
+
+    def _response_column(self, batch: Columns) -> str:
+        if "response" in batch:
+            return "response"
+        for name in self.spec.inputs:
+            col = batch.get(name)
+            if col and isinstance(col[0], Text):
+                return name
+        raise KeyError(f"task {self.spec.task!r}: no response column in {sorted(batch)}")
+
+    def _forward(self, packed: tc.Packed):
+        """Logits [B, R, V] (policy) or values [B, R] (critic) for the response tokens."""
+        ids = packed.input_ids.to(self.device)
+        mask = packed.attention_mask.to(self.device)
+        pos = packed.position_ids.to(self.device)
+        if self.critic:
+            base = getattr(self.model, self.model.base_model_prefix)
+            hidden = base(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+            p, r = packed.prompt_len, packed.response_mask.shape[1]
+            return self.value_head(hidden[:, p - 1:p - 1 + r]).squeeze(-1)
+        # responses end the layout: the last R + 1 logits cover them (the last one predicts
+        # nothing), so the LM head never runs over the prompt columns
+        r = packed.response_mask.shape[1]
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                            logits_to_keep=r + 1).logits
+        return logits[:, :r]
+
+    def _chunks(self, n: int):
+        size = self.micro_batch if self.micro_batch > 0 else max(n, 1)
+        return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+    # ------------------------------------------------------------------ Rollout
+
+    @torch.no_grad()
+    def generate(self, batch: Columns) -> Columns:
+        """Sample one response per row of ``batch["prompt"]`` (KV cache, left padding)."""
+        prompts = [self._prompt_ids(p) for p in batch["prompt"]]
+        n = len(prompts)
+        out_names = list(self.spec.outputs) or ["response", "logprobs"]
+        if n == 0:
+            return {name: [] for name in out_names[:2]}
+        pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
+        ids, mask = tc.left_pad(prompts, pad)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = tc.positions(mask)
+        tokens = torch.empty((n, 0), dtype=torch.long)
+        logps = torch.empty((n, 0), dtype=torch.float32)
+        done = torch.zeros(n, dtype=torch.bool)
+        cache, step_ids, step_pos = None, ids, pos
+        for _ in range(self.max_new_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache = out.past_key_values
+            tok, lp = tc.sample(out.logits[:, -1].cpu(), self.temperature, self.top_p,
+                                self.generator)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            tokens = torch.cat([tokens, tok[:, None]], dim=1)
+            logps = torch.cat([logps, lp[:, None]], dim=1)
+            done = done | (tok == eos)
+            if bool(done.all()):
+                break
+            step_ids = tok[:, None].to(self.device)
+            step_pos = step_pos[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], 1)
+        responses, logprobs = [], []
+        for i in range(n):
+            row = tokens[i].tolist()
+            length = row.index(eos) + 1 if eos in row else len(row)
+            ids_i = row[:length]
+            text = self.tokenizer.decode([t for t in ids_i if t != eos])
+            responses.append(Text(text, ids_i, prompts[i]))
+            logprobs.append(logps[i, :length].tolist())
+        return {out_names[0]: responses, out_names[1]: logprobs}
+
+    def update_weights(self, weights, version: int) -> None:
+        """Load a state dict from a trainer's :meth:`export_weights`; takes effect at once."""
+        self._load_state(weights)
+        self.version = int(version)
+
+    # ------------------------------------------------------------------ Scorer
+
+    @torch.no_grad()
+    def logprobs(self, batch: Columns) -> Columns:
+        """Per-token log-probs of the given responses (or values, for ``kind: value``)."""
+        prompts, resps = self._pairs(batch)
+        out: list = []
+        for rows in self._chunks(len(resps)):
+            packed = tc.pack([prompts[i] for i in rows], [resps[i] for i in rows],
+                             self.tokenizer.pad_id)
+            if packed.response_mask.shape[1] == 0:
+                out.extend([] for _ in rows)
+                continue
+            res = self._forward(packed)
+            if not self.critic:
+                res = tc.token_logprobs(res, packed.response_ids.to(self.device), self.temperature)
+            out.extend(tc.rows_to_lists(res, packed.lengths))
+        name = "values" if self.critic else "logprobs"
+        if self.spec.kind in ("logprob", "value") and self.spec.outputs:
+            name = self.spec.outputs[0]
+        return {name: out}
+
+    # ------------------------------------------------------------------ Trainer
+
+    def _params(self):
+        params = list(self.model.parameters())
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        return params
+
+    def _build_trainer(self) -> None:
+        from asyncflow.algos.config import LossConfig
+
+        a = self.args
+        self.model.train()
+        # dropout off: fp32 log-probs must be those the rollout saw
+        for m in self.model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        self.loss_name = self.spec.loss or "grpo"
+        self.loss_cfg = LossConfig.from_args(a)
+        self.max_grad_norm = a.get("max_grad_norm", 1.0)
+        self.optimizer = torch.optim.AdamW(
+            self._params(), lr=float(a.get("lr", 1e-4)),
+            betas=tuple(a.get("betas", (0.9, 0.999))), eps=float(a.get("adam_eps", 1e-8)),
+            weight_decay=float(a.get("weight_decay", 0.0)))
+
+    def train_step(self, batch: Columns) -> dict[str, float]:
+        """One optimiser step on all rows of ``batch``: gradient accumulation over micro-batches
+        of ``micro_batch`` rows, each micro-batch's loss divided by the step's token count
+        (token-mean losses) or sequence count (sequence-mean), then clipping and AdamW. Bumps
+        ``version``. Metrics: ``loss``/``pg_loss`` of the step, token-weighted means of the
+        loss's other metrics (``clip_frac``, ``entropy``, ``approx_kl``, ``kl_ref``...), ``kl``
+        (``kl_ref`` when reference log-probs are given, else ``approx_kl``), ``grad_norm``
+        (before clipping), ``tokens``, ``rows``, ``version``."""
+        if self.optimizer is None:
+            raise RuntimeError(f"task {self.spec.task!r} is not a train task")
+        prompts, resps = self._pairs(batch)
+        n = len(resps)
+        total_tokens = sum(len(r) for r in resps)
+        # each micro-batch loss is divided by the whole step's token or sequence count, so the
+        # accumulated gradient is that of the step's mean
+        if loss_aggregation(self.loss_name or "grpo", self.loss_cfg) == "token_mean":
+            normalizer = total_tokens
+        else:
+            normalizer = sum(1 for r in resps if r)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for rows in self._chunks(n):
+            rows = list(rows)
+            packed = tc.pack([prompts[i] for i in rows], [resps[i] for i in rows],
+                             self.tokenizer.pad_id)
+            mb_tokens = sum(packed.lengths)
+            if mb_tokens == 0:
+                continue
+            cols = {k: [v[i] for i in rows] for k, v in batch.items()}
+            loss, metrics = self._micro_loss(packed, cols, normalizer)
+            loss.backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * (1 if k in _SUMMED else mb_tokens)
+        if self.max_grad_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self._params(), float(self.max_grad_norm))
+        else:
+            grad_norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in self._params()
+                                       if p.grad is not None))
+        self.optimizer.step()
+        self.version += 1
+        result = {k: v if k in _SUMMED else v / max(total_tokens, 1) for k, v in sums.items()}
+        result.setdefault("kl", result.get("kl_ref", result.get("approx_kl", 0.0)))
+        result.update(grad_norm=float(grad_norm), tokens=float(total_tokens),
+                      rows=float(n), version=float(self.version))
+        return result
+
+    def _micro_loss(self, packed: tc.Packed, cols: Columns, normalizer):
+        mask = packed.response_mask.to(self.device)
+        lengths, width = packed.lengths, mask.shape[1]
+        if self.critic:
+            values = self._forward(packed)
+            returns = tc.pad_floats(cols["returns"], lengths, width).to(self.device)
+            old = cols.get("values")
+            old_values = (tc.pad_floats(old, lengths, width).to(self.device)
+                          if old is not None else values.detach())
+            return _loss("value", values, old_values, returns, mask, self.loss_cfg,
+                         normalizer=normalizer)
+        logits = self._forward(packed)
+        logp = tc.token_logprobs(logits, packed.response_ids.to(self.device), self.temperature)
+        with torch.set_grad_enabled(bool(self.loss_cfg.entropy_coef)):  # a metric unless used
+            ent = tc.entropy(logits, self.temperature)
+        old = tc.pad_floats(cols["logprobs"], lengths, width).to(self.device)
+        adv = tc.pad_floats(cols["advantages"], lengths, width).to(self.device)
+        ref = cols.get("ref_logprobs")
+        ref = tc.pad_floats(ref, lengths, width).to(self.device) if ref is not None else None
+        return _loss(self.loss_name, logp, old, adv, mask, self.loss_cfg, ref_logprobs=ref,
+                     entropy=ent, normalizer=normalizer)
+
+    def export_weights(self) -> dict:
+        """A CPU state dict of cloned tensors (value head under ``value_head.*``)."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        if self.value_head is not None:
+            for k, v in self.value_head.state_dict().items():
+                state[VALUE_HEAD + k] = v.detach().to("cpu", copy=True)
+        return state
+
+    def _load_state(self, state: dict) -> None:
+        model_state = {k: v for k, v in state.items() if not k.startswith(VALUE_HEAD)}
+        missing, unexpected = self.model.load_state_dict(model_state, strict=False)
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            raise KeyError(f"weights do not fit the model: missing {sorted(set(missing) - tied)}"
+                           f", unexpected {sorted(unexpected)}")
+        if self.value_head is not None:
+            head = {k[len(VALUE_HEAD):]: v for k, v in state.items() if k.startswith(VALUE_HEAD)}
+            if head:
+                self.value_head.load_state_dict(head)
+
+    def save(self, directory: str) -> None:
+        """Model (as a local HF directory, usable as a model ``init``), value head, optimizer,
+        version and sampling RNG state."""
+        from asyncflow import models
+
+        os.makedirs(directory, exist_ok=True)
+        models.save((self.model, self.tokenizer), directory)
+        torch.save({
+            "weights": self.export_weights(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "version": self.version,
+            "generator": self.generator.get_state(),
+        }, os.path.join(directory, STATE_FILE))
+
+    def load(self, directory: str) -> None:
+        state = torch.load(os.path.join(directory, STATE_FILE), weights_only=True)
+        self._load_state(state["weights"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.generator.set_state(state["generator"])
+
+
+# ---------------------------------------------------------------------- losses
+# The one place the engine calls into asyncflow.algos.
+
+# metrics that add up over micro-batches (each micro-batch loss is already divided by the
+# step's normalizer); every other metric is averaged weighted by tokens
+_SUMMED = {"loss", "pg_loss", "value_loss", "tokens"}
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _loss(name: str, first, second, third, mask, cfg, **kw):
+    """``asyncflow.algos.compute_loss``: (new_logprobs, old_logprobs, advantages) for a policy
+    loss, (values, old_values, returns) for ``value``; returns (scalar loss, metrics)."""
+    from asyncflow.algos import compute_loss
+
+    return compute_loss(name, first, second, third, mask, cfg, **kw)

@@ -1,0 +1,129 @@
+"""Torch helpers shared by the torch engines: padding layouts, sampling, per-token log-probs.
+
+One layout everywhere (generation, scoring, training), so that a log-prob computed while
+sampling is recomputed bit-for-bit-close later:
+
+    [pad .. pad | prompt ids | response ids | pad .. pad]
+     left-padded to the longest prompt, right-padded to the longest response
+
+so every response starts at the same column ``P`` (the longest prompt), token ``j`` of a response
+is predicted by the logits at column ``P - 1 + j``, and ``position_ids`` count real tokens only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Packed:
+    """A batch of (prompt, response) id sequences in the layout of the module docstring."""
+
+    input_ids: torch.Tensor  # [B, P + R] long
+    attention_mask: torch.Tensor  # [B, P + R] long, 1 on real tokens
+    position_ids: torch.Tensor  # [B, P + R] long
+    response_mask: torch.Tensor  # [B, R] float, 1 on real response tokens
+    prompt_len: int  # P
+    lengths: list[int]  # response length of each row
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_len:]
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position of every column counting only real tokens (pads get 0)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Packed:
+    """Prompts left-padded, responses right-padded, concatenated (see the module docstring)."""
+    p_ids, p_mask = left_pad(prompts, pad_id)
+    width = max((len(r) for r in responses), default=0)
+    r_ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
+    r_mask = torch.zeros((len(responses), width), dtype=torch.long)
+    for i, r in enumerate(responses):
+        if r:
+            r_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            r_mask[i, :len(r)] = 1
+    ids = torch.cat([p_ids, r_ids], dim=1)
+    mask = torch.cat([p_mask, r_mask], dim=1)
+    return Packed(ids, mask, positions(mask), r_mask.float(), p_ids.shape[1],
+                  [len(r) for r in responses])
+
+
+def response_logits(logits: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """[B, R, V]: the logits that predict each response token."""
+    p, r = packed.prompt_len, packed.response_mask.shape[1]
+    return logits[:, p - 1:p - 1 + r]
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / T)[target], per position. ``T <= 0`` (greedy) scores at T = 1."""
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / T) per position."""
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float,
+           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of ``logits`` [B, V]; returns (tokens [B], logprobs [B]).
+
+    The log-prob is that of the temperature-scaled distribution over the whole vocabulary
+    (``log softmax(logits / T)``), the quantity scorers and trainers recompute; ``top_p`` only
+    restricts the draw. ``temperature <= 0`` is greedy (log-prob at T = 1)."""
+    if temperature <= 0:
+        tokens = logits.argmax(-1)
+        return tokens, token_logprobs(logits, tokens)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    probs = logp.exp()
+    if 0 < top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        cum = sorted_p.cumsum(-1)
+        drop = cum - sorted_p >= top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def rows_to_lists(values: torch.Tensor, lengths: list[int]) -> list[list[float]]:
+    """[B, R] -> one list of floats per row, cut to that row's length."""
+    out = values.detach().cpu().tolist()
+    return [row[:n] for row, n in zip(out, lengths)]
+
+
+def pad_floats(rows: list, lengths: list[int], width: int) -> torch.Tensor:
+    """Per-row float lists (or scalars, broadcast over the row) -> [B, width] float tensor."""
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, (row, n) in enumerate(zip(rows, lengths)):
+        if isinstance(row, (list, tuple)):
+            if len(row) != n:
+                raise ValueError(f"row {i}: {len(row)} per-token values for {n} response tokens")
+            if n:
+                out[i, :n] = torch.tensor(row, dtype=torch.float32)
+        else:
+            out[i, :n] = float(row)
+    return out
