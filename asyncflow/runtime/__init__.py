@@ -1,0 +1,24 @@
+"""The runtime: executes an ExecutionPlan (DESIGN.md, "The runtime").
+
+==============  ==============================================================
+module          what it owns
+==============  ==============================================================
+``driver``      feeds prompts, starts workers, writes metrics/trace: ``run_plan``
+``worker``      one task replica's READ / COMPUTE / WRITE loop
+``gate``        the staleness gate (who may start / consume what)
+``weights``     weight publication and adoption (deferred sync), exposed time
+``tasks``       reward / advantage / filter / custom functions over column batches
+``trace``       spans -> Chrome trace; metrics.jsonl
+``backends``    local threads vs Ray actors (+ the control plane)
+``store``       the streaming sample store (``ray_store``: sharded on Ray)
+==============  ==============================================================
+
+Nothing is imported eagerly: ``import asyncflow.runtime`` never imports Ray.
+"""
+
+
+def run_plan(plan, backend: str = "local", **kw):
+    """Execute ``plan``; see :class:`asyncflow.runtime.driver.Driver`."""
+    from asyncflow.runtime.driver import run_plan as _run
+
+    return _run(plan, backend, **kw)

@@ -1,44 +1,54 @@
 """The sample store sharded across Ray actors: :class:`RayStore`, same methods as
 :class:`~asyncflow.runtime.store.SampleStore`.
 
-Layout. Global row indices are handed out by shard 0 (one small call per ``add_rows``), in call
-order, so a later ``add_rows`` always gets higher indices. Row ``r`` lives on shard
-``(r // chunk) % shards``; the allocator never lets a group straddle a chunk boundary (it skips to
-the next chunk, leaving unused indices), so **a group lives on one shard** and whole-group
+Layout. Global row indices are handed out by shard 0, in call order, so a later ``add_rows``
+always gets higher indices (the driver relies on a step owning a contiguous range). Row ``r`` lives
+on shard ``(r // chunk) % shards``; the allocator never lets a group straddle a chunk boundary (it
+skips to the next chunk, leaving unused indices), so **a group lives on one shard** and whole-group
 completeness is a shard-local question. Consequences: the rows of one group must be adjacent in one
 ``add_rows`` call, and a group may not have more than ``chunk`` rows.
 
-Traffic. Every method is one Ray call per shard it touches, issued to all shards at once; data
-moves as column chunks (a ``dict[field, list]`` slice per shard), never one call per sample. Ray
-already passes an argument or result above ~100 KB through the object store, so a big column chunk
-goes by reference without an explicit ``ray.put``. Shard actors are threaded (``max_concurrency``),
-so a waiting ``get`` never blocks writers.
+Data path (after TransferQueue). Shards keep the row *bookkeeping* (a
+:class:`~asyncflow.runtime.store.SampleStore`: ready bits, consumption marks, leases) but not the
+column data: every write (``add_rows``, ``write``, ``ack(lease, columns)``) becomes one *data chunk*
+(the call's ``dict[field, column]``), ``ray.put`` by the shard that receives it (so the shard owns
+it: the data outlives the producer), or kept inline in the shard when it is small
+(``inline_bytes``). A row's value of a field is a *locator* ``chunk id << 32 | position``. ``get``
+returns row indices, locators and the chunks' object refs; the handle fetches all new chunks in one
+``ray.get`` (numpy columns: zero-copy from the object store), keeps a small cache of them, and
+slices. ``add_rows`` is one call: shard 0 allocates the rows, puts the data once and hands the
+other shards their rows' bookkeeping with the same object ref.
 
-``get`` across shards (the ordering guarantee):
+Columns may be Python lists (values come back as lists, as written), numpy arrays (come back as
+numpy arrays, read-only views where possible) or :class:`Ragged` (variable-length rows such as
+token ids as one flat array + offsets, no padding; come back as :class:`Ragged`). numpy and
+:class:`Ragged` columns move without per-row pickling: that is the fast path.
 
-1. *peek*: every shard reports its lowest eligible rows (whole groups: each group's lowest row),
-   row indices only, no data;
-2. the handle merges them and takes the ``n`` lowest (whole groups: the ``n // group_size`` groups
-   with the lowest first rows), giving a quota per shard;
-3. *lease*: each shard leases its quota, lowest rows first, and returns the data;
-4. the parts are merged into one :class:`Lease`, rows ascending.
-
-So without competing replicas of the same task, ``get`` returns exactly the lowest eligible rows,
-as the in-process store does. With competitors, a shard may lease rows other than the ones peeked
-(a competitor took those): still its lowest eligible ones, never a duplicate, and still below
-``max_row``; if the total falls below ``min_rows`` everything is released and the round repeats
-until ``timeout``. Waiting is a long poll on every shard's change counter (no busy polling).
+``get`` across shards (the ordering guarantee): every shard leases its lowest eligible rows (up to
+``n``; whole groups: its lowest ``n // group_size`` groups) in one parallel round; the handle keeps
+the ``n`` lowest over all shards (whole groups: the groups with the lowest first rows) and gives the
+rest back (``trim``: only when there is a surplus). So without competing replicas of the same task,
+``get`` returns exactly the lowest eligible rows, as the in-process store does. With competitors,
+a competitor may briefly hold rows another then gives back; never a duplicate, always below
+``max_row``. If the total falls below ``min_rows`` everything is released and the handle waits with
+a long poll on every shard's change counter (no busy polling), then tries again until ``timeout``.
 
 Leases: the handle's lease id packs the shards' own lease ids (``40`` bits each), so any copy of
 the handle (it pickles: workers use it) can ack, release or renew it. Expiry is per shard.
+
+``gc`` frees the values of fully consumed rows and drops a shard's reference to a chunk once all of
+that shard's rows in it are freed (Ray frees the object when no shard references it).
+``snapshot`` fetches the referenced chunks and writes plain values; ``restore`` puts them back.
 """
 from __future__ import annotations
 
 import itertools
 import os
+import pickle
+import threading
 import time
 import uuid
-from operator import itemgetter
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -49,24 +59,200 @@ from asyncflow.runtime.store import SNAPSHOT_FORMAT, Lease, SampleStore, StoreEr
 _BITS = 40
 _MASK = (1 << _BITS) - 1
 _POLL_S = 5.0  # the longest one long poll waits before the handle re-polls
+_INLINE = 64 * 1024  # chunks below this many bytes stay inline in the shard (no object store)
+_CACHE = 16  # fetched chunks a handle keeps
 
 
+# ---------------------------------------------------------------------- column types
+class Ragged:
+    """Variable-length rows (token ids) as one flat array and ``offsets`` (length rows + 1):
+    row ``i`` is ``flat[offsets[i]:offsets[i + 1]]``. A column type the store moves without
+    per-row pickling; indexing a row gives a numpy array."""
+
+    __slots__ = ("flat", "offsets")
+
+    def __init__(self, flat, offsets):
+        self.flat = np.asarray(flat)
+        self.offsets = np.asarray(offsets, np.int64)
+
+    @classmethod
+    def from_lists(cls, rows, dtype=np.int64) -> "Ragged":
+        k = len(rows)
+        off = np.zeros(k + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, rows), np.int64, k), out=off[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype, int(off[-1]))
+        return cls(flat, off)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.flat.nbytes + self.offsets.nbytes)
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                return self.take(np.arange(a, b, step))
+            b = max(a, b)
+            o = self.offsets[a : b + 1]
+            return Ragged(self.flat[o[0] : o[-1]], o - o[0])
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        return self.flat[self.offsets[i] : self.offsets[i + 1]]
+
+    def __iter__(self):
+        o = self.offsets.tolist()
+        for a, b in zip(o[:-1], o[1:]):
+            yield self.flat[a:b]
+
+    def take(self, idx) -> "Ragged":
+        idx = np.asarray(idx, np.int64).reshape(-1)
+        if len(idx) == 0:
+            return Ragged(self.flat[:0], np.zeros(1, np.int64))
+        a, b = int(idx[0]), int(idx[-1])
+        if b - a == len(idx) - 1 and (len(idx) <= 2 or bool((np.diff(idx) == 1).all())):
+            return self[a : b + 1]
+        starts = self.offsets[idx]
+        lens = self.offsets[idx + 1] - starts
+        off = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum(lens, out=off[1:])
+        gather = np.repeat(starts - off[:-1], lens) + np.arange(int(off[-1]))
+        return Ragged(self.flat[gather], off)
+
+    @staticmethod
+    def concat(parts) -> "Ragged":
+        parts = list(parts)
+        if len(parts) == 1:
+            return parts[0]
+        flat = np.concatenate([p.flat for p in parts])
+        shift = np.cumsum([0] + [int(p.offsets[-1] - p.offsets[0]) for p in parts[:-1]])
+        off = np.concatenate([parts[0].offsets[:1] - parts[0].offsets[0]]
+                             + [p.offsets[1:] - p.offsets[0] + s for p, s in zip(parts, shift)])  # fmt: skip
+        return Ragged(flat, off)
+
+    def tolist(self) -> list[list]:
+        vals, o = self.flat.tolist(), self.offsets.tolist()
+        return [vals[a:b] for a, b in zip(o[:-1], o[1:])]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Ragged):
+            return bool(np.array_equal(self.offsets - self.offsets[0], other.offsets - other.offsets[0])
+                        and np.array_equal(self.flat[self.offsets[0]:self.offsets[-1]],
+                                           other.flat[other.offsets[0]:other.offsets[-1]]))  # fmt: skip
+        try:
+            return len(self) == len(other) and self.tolist() == [list(x) for x in other]
+        except TypeError:
+            return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Ragged({len(self)} rows, {len(self.flat)} values, {self.flat.dtype})"
+
+
+def _col_take(col, idx: np.ndarray):
+    """``col[idx]`` for a list, numpy array or Ragged column (a slice/view when contiguous)."""
+    if isinstance(col, np.ndarray):
+        if len(idx) and int(idx[-1]) - int(idx[0]) == len(idx) - 1 and (len(idx) <= 2 or bool((np.diff(idx) == 1).all())):
+            return col[int(idx[0]) : int(idx[-1]) + 1]
+        return col[idx]
+    if isinstance(col, Ragged):
+        return col.take(idx)
+    return _take(col if isinstance(col, list) else list(col), idx)
+
+
+def _col_concat(parts: list):
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts)
+    if all(isinstance(p, Ragged) for p in parts):
+        return Ragged.concat(parts)
+    out: list = []
+    for p in parts:
+        out.extend(p.tolist() if isinstance(p, np.ndarray) else p)
+    return out
+
+
+def _plain(col) -> list:
+    """A column as plain Python data (snapshots)."""
+    if isinstance(col, (np.ndarray, Ragged)):
+        return col.tolist()
+    return [x.tolist() if isinstance(x, np.ndarray) else x for x in col]
+
+
+class _Pickled:
+    """A list column pickled once by the writing handle: shards move it as bytes (no per-row
+    unpickling/pickling in the shard); the reading handle unpickles it once per chunk."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+def _pack_cols(columns: dict | None, min_rows: int = 64) -> dict | None:
+    """List columns of ``min_rows`` or more as :class:`_Pickled` (what the handle sends)."""
+    if not columns:
+        return columns
+    return {f: _Pickled(pickle.dumps(v, protocol=5))
+            if f != "_version" and not isinstance(v, (np.ndarray, Ragged)) and len(v) >= min_rows else v
+            for f, v in columns.items()}  # fmt: skip
+
+
+def _unpack_cols(columns: dict) -> dict:
+    if not any(isinstance(v, _Pickled) for v in columns.values()):
+        return columns
+    return {f: pickle.loads(v.data) if isinstance(v, _Pickled) else v for f, v in columns.items()}
+
+
+def _nbytes(col) -> int:
+    if isinstance(col, (np.ndarray, Ragged, _Pickled)):
+        return col.nbytes
+    k = len(col)
+    if k == 0:
+        return 0
+    x = col[0]
+    if isinstance(x, np.ndarray):
+        return k * (x.nbytes + 100)
+    if isinstance(x, (list, tuple, str, bytes)):
+        return k * (3 * len(x) + 16)
+    return 9 * k
+
+
+# ---------------------------------------------------------------------- shards
 class _Shard:
-    """One shard: a SampleStore in a threaded actor; shard 0 also allocates row indices."""
+    """One shard: the row bookkeeping (a SampleStore whose values are chunk locators) and the
+    data chunks it references; shard 0 also allocates row indices."""
 
-    def __init__(self, index: int, lease_s: float):
-        import threading
-
+    def __init__(self, index: int, lease_s: float, inline_bytes: int = _INLINE):
         self.index = index
         self.store = SampleStore(lease_s)
+        self.inline_bytes = int(inline_bytes)
         self._next_row = 0
         self._alloc_lock = threading.Lock()
+        self._chunk_lock = threading.Lock()
+        self._chunks: dict[int, tuple[Any, np.ndarray]] = {}  # cid -> (ObjectRef | dict, rows)
+        self._next_cid = 1
+        self._peers: list = []
         self._cancelled: dict[str, float] = {}
 
     def ping(self) -> int:
         return self.index
 
-    def alloc(self, lengths: list[int], chunk: int) -> list[int]:
+    def set_peers(self, handles: list) -> None:
+        self._peers = list(handles)
+
+    # -------------------------------------------------------------- rows
+    def _alloc(self, lengths: list[int], chunk: int) -> list[int]:
         """Start index of each group run, in call order; no run straddles a chunk boundary."""
         with self._alloc_lock:
             cur = self._next_row
@@ -87,11 +273,199 @@ class _Shard:
             self._next_row = cur
             return starts
 
+    def alloc(self, lengths: list[int], chunk: int) -> list[int]:
+        return self._alloc(lengths, chunk)
+
     def next_row(self, value: int | None = None) -> int:
         with self._alloc_lock:
             if value is not None:
                 self._next_row = max(self._next_row, value)
             return self._next_row
+
+    # -------------------------------------------------------------- data chunks
+    def _chunk(self, obj, rows: np.ndarray) -> int:
+        with self._chunk_lock:
+            cid = self._next_cid
+            self._next_cid += 1
+            self._chunks[cid] = (obj, np.asarray(rows, np.int64))
+            return cid
+
+    def _drop_chunk(self, cid: int | None) -> None:
+        if cid is not None:
+            with self._chunk_lock:
+                self._chunks.pop(cid, None)
+
+    def _ingest(self, columns: dict, rows):
+        """Keep ``columns`` as one chunk (``_version`` goes to the bookkeeping); returns the
+        locator columns for ``rows`` and the chunk id (None when there was no data)."""
+        data = {f: v for f, v in columns.items() if f != "_version"}
+        out = {f: v for f, v in columns.items() if f == "_version"}
+        if not data:
+            return out, None
+        big = sum(_nbytes(v) for v in data.values()) > self.inline_bytes
+        cid = self._chunk(ray.put(data) if big else data, rows)
+        base = cid << 32
+        locs = list(range(base, base + len(rows)))
+        for f in data:
+            out[f] = locs
+        return out, cid
+
+    def add_rows(self, payload: dict, groups, versions, lengths: list[int], chunk: int) -> np.ndarray:
+        """Shard 0: allocate rows, keep the data once, give every shard its rows' bookkeeping."""
+        k = len(groups)
+        starts = np.asarray(self._alloc(lengths, chunk), np.int64)
+        lengths = np.asarray(lengths, np.int64)
+        run_starts = np.r_[0, np.cumsum(lengths)[:-1]]
+        rows = np.repeat(starts - run_starts, lengths) + np.arange(k)
+        groups = np.asarray(groups, np.int64)
+        data = {f: v for f, v in payload.items() if f != "_version"}
+        fields = list(data)
+        big = sum(_nbytes(v) for v in data.values()) > self.inline_bytes
+        obj = ray.put(data) if big else None
+        if not big:
+            data = _unpack_cols(data)
+        nsh = max(1, len(self._peers))
+        sh = (rows // chunk) % nsh
+        refs, mine = [], None
+        for s in (np.unique(sh).tolist() if nsh > 1 else [0]):
+            idx = np.flatnonzero(sh == s) if nsh > 1 else np.arange(k)
+            v = None if versions is None else [versions[i] for i in idx.tolist()]
+            part = [obj] if big else {f: _col_take(c, idx) for f, c in data.items()}
+            args = (rows[idx], groups[idx].tolist(), v, part, idx if big else None, fields)
+            if s == self.index:
+                mine = args
+            else:
+                refs.append(self._peers[s].attach.remote(*args))
+        try:
+            if mine is not None:
+                self.attach(*mine)
+        finally:
+            ray.get(refs)
+        return rows
+
+    def attach(self, rows: np.ndarray, groups: list[int], versions, part, offsets, fields: list[str]) -> None:
+        """Rows (allocated by shard 0) whose data is ``part``: ``[ref]`` (positions ``offsets``
+        of a chunk in the object store) or an inline column dict."""
+        cid = None
+        try:
+            if isinstance(part, list):
+                cid = self._chunk(part[0], rows)
+                locs = (np.asarray(offsets, np.int64) + (cid << 32)).tolist()
+                cols = {f: locs for f in fields}
+            else:
+                cols, cid = self._ingest(part, rows)
+            self.store.add_rows(cols, groups, versions, rows=rows.tolist())
+        except BaseException:
+            self._drop_chunk(cid)
+            raise
+
+    def write(self, rows: list[int], columns: dict, lease_id: int | None = None) -> bool:
+        st = self.store
+        if lease_id is not None and lease_id not in st._leases:
+            return st.write(rows, {}, lease_id=lease_id)  # counts the stale write
+        cols, cid = self._ingest(columns, rows)
+        try:
+            ok = st.write(rows, cols, lease_id=lease_id)
+        except BaseException:
+            self._drop_chunk(cid)
+            raise
+        if not ok:
+            self._drop_chunk(cid)
+        return ok
+
+    def ack(self, lease_id: int, columns: dict | None = None) -> bool:
+        st = self.store
+        rec = st._leases.get(lease_id)
+        if not columns or rec is None:
+            return st.ack(lease_id)
+        cols, cid = self._ingest(columns, rec.rows)
+        try:
+            ok = st.ack(lease_id, cols)
+        except BaseException:
+            self._drop_chunk(cid)
+            raise
+        if not ok:
+            self._drop_chunk(cid)
+        return ok
+
+    def trim(self, lease_id: int, keep: list[int]) -> bool:
+        """Give back the rows of a live lease that are not in ``keep`` (the handle's surplus)."""
+        st = self.store
+        with st._cv:
+            rec = st._leases.get(lease_id)
+            if rec is None:
+                return False
+            mask = np.isin(np.asarray(rec.rows, np.int64), np.asarray(keep, np.int64))
+            back = rec.pos[~mask]
+            rec.task.held[back] = False
+            rec.task.n_held -= len(back)
+            rec.pos = rec.pos[mask]
+            rec.rows = np.asarray(rec.rows, np.int64)[mask].tolist()
+            st._changes += 1
+            st._cv.notify_all()
+            return True
+
+    def get(self, task, n, kw):
+        """A lease of this shard: (id, rows, bookkeeping columns, locators per field, chunks)."""
+        lease = self.store.get(task, n, **kw)
+        if lease is None:
+            return None
+        book, locs, cids = {}, {}, set()
+        for f, col in lease.columns.items():
+            if f in ("_row", "_group", "_version"):
+                book[f] = col
+                continue
+            try:
+                arr = np.asarray(col, np.int64)
+            except TypeError:  # rows without this field: None
+                arr = np.asarray([-1 if x is None else x for x in col], np.int64)
+            locs[f] = arr
+            cids.update(np.unique(arr[arr >= 0] >> 32).tolist())
+        chunks = self._chunks
+        return lease.id, lease.rows, book, locs, {c: chunks[c][0] for c in cids}
+
+    def gc(self) -> int:
+        st = self.store
+        freed = st.gc()
+        with st._cv, self._chunk_lock:
+            for cid, (_, rows) in list(self._chunks.items()):
+                if bool(st._freed[st._positions(rows)].all()):
+                    del self._chunks[cid]
+        return freed
+
+    def chunk_count(self) -> int:
+        return len(self._chunks)
+
+    def snapshot(self) -> dict:
+        d = self.store.snapshot()
+        chunks = dict(self._chunks)
+        refs = {c: o for c, (o, _) in chunks.items() if isinstance(o, ray.ObjectRef)}
+        vals = dict(zip(refs, ray.get(list(refs.values())))) if refs else {}
+        for f, fd in d["fields"].items():
+            locs = fd["values"]
+            out: list = [None] * len(locs)
+            arr = np.asarray([-1 if x is None else x for x in locs], np.int64)
+            for c in np.unique(arr[arr >= 0] >> 32).tolist():
+                where = np.flatnonzero((arr >> 32) == c)
+                obj = vals[c] if c in vals else chunks[c][0]
+                got = _plain(_col_take(_unpack_cols({f: obj[f]})[f], arr[where] & 0xFFFFFFFF))
+                for i, x in zip(where.tolist(), got):
+                    out[i] = x
+            fd["values"] = out
+        return d
+
+    def restore(self, d: dict) -> None:
+        self._chunks.clear()
+        d = dict(d)
+        fields = {}
+        for f, fd in d["fields"].items():
+            if not fd["rows"]:
+                fields[f] = fd
+                continue
+            cols, _ = self._ingest({f: list(fd["values"])}, np.asarray(fd["rows"], np.int64))
+            fields[f] = {"rows": fd["rows"], "values": cols[f]}
+        d["fields"] = fields
+        self.store = SampleStore.restore(d)
 
     def call(self, method: str, *args, **kwargs) -> Any:
         return getattr(self.store, method)(*args, **kwargs)
@@ -112,13 +486,6 @@ class _Shard:
                     self._cancelled.pop(k, None)
         self.store.notify()
 
-    def get(self, task, n, kw):
-        lease = self.store.get(task, n, **kw)
-        return None if lease is None else (lease.id, lease.rows, lease.columns)
-
-    def restore(self, d: dict) -> None:
-        self.store = SampleStore.restore(d)
-
 
 def _pack(parts: dict[int, int]) -> int:
     return sum(lid << (_BITS * s) for s, lid in parts.items())
@@ -138,6 +505,7 @@ class RayStore:
         chunk: int = 1024,
         *,
         actor_options: dict | None = None,
+        inline_bytes: int = _INLINE,
         _handles: list | None = None,
     ):
         self.lease_s = float(lease_s)
@@ -145,14 +513,17 @@ class RayStore:
         if _handles is None:
             opts = {"num_cpus": 0, "max_concurrency": 64, **(actor_options or {})}
             cls = ray.remote(_Shard).options(**opts)
-            _handles = [cls.remote(i, lease_s) for i in range(shards)]
+            _handles = [cls.remote(i, lease_s, inline_bytes) for i in range(shards)]
             ray.get([h.ping.remote() for h in _handles])
         self._shards = list(_handles)
+        ray.get(self._shards[0].set_peers.remote(self._shards))
         self._init_local()
 
     def _init_local(self) -> None:
         self._poll_ids = (f"{os.getpid()}-{uuid.uuid4().hex[:8]}-{i}" for i in itertools.count())
         self._issued: dict[int, list[int]] = {}  # lease id -> rows, for ack(lease_id, columns)
+        self._cache: OrderedDict = OrderedDict()  # ObjectRef -> fetched chunk
+        self._cache_lock = threading.Lock()
 
     def __getstate__(self):
         return {"lease_s": self.lease_s, "chunk": self.chunk, "_shards": self._shards}
@@ -174,7 +545,7 @@ class RayStore:
     def _shard_of(self, rows) -> np.ndarray:
         return (np.asarray(rows, np.int64) // self.chunk) % len(self._shards)
 
-    def _split(self, rows, columns: dict[str, list] | None):
+    def _split(self, rows, columns: dict | None):
         """{shard: (rows, column chunk)} for rows listed in ``rows`` order."""
         rows = np.asarray(rows, np.int64).reshape(-1)
         if len(self._shards) == 1:
@@ -183,7 +554,7 @@ class RayStore:
         out = {}
         for s in np.unique(sh).tolist():
             idx = np.flatnonzero(sh == s)
-            cols = None if columns is None else {f: _take(list(v) if not isinstance(v, list) else v, idx) for f, v in columns.items()}
+            cols = None if columns is None else {f: _col_take(v, idx) for f, v in columns.items()}
             out[s] = (rows[idx].tolist(), cols)
         return out
 
@@ -194,40 +565,38 @@ class RayStore:
     def register_task(self, task: str, inputs: list[str]) -> None:
         self._all("register_task", task, list(inputs))
 
-    def add_rows(self, columns: dict[str, list], groups: list[int], versions: list[int] | None = None) -> list[int]:
-        """Append rows; a group's rows must be adjacent here (module docstring). Returns indices."""
+    def add_rows(self, columns: dict, groups: list[int], versions: list[int] | None = None) -> list[int]:
+        """Append rows; a group's rows must be adjacent here (module docstring). Returns indices.
+        One call (to shard 0, which allocates the rows and keeps the data)."""
         k = len(groups)
+        columns = dict(columns)
+        if versions is None and "_version" in columns:
+            versions = columns.pop("_version")
         for f, v in columns.items():
+            if f in ("_row", "_group"):
+                raise StoreError(f"{f} is set by the store")
             if len(v) != k:
                 raise StoreError(f"column {f!r} has {len(v)} values for {k} rows")
+        if versions is not None and len(versions) != k:
+            raise StoreError(f"versions has {len(versions)} values for {k} rows")
         if k == 0:
             return []
         g = np.asarray(groups, np.int64)
         starts_of_runs = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
         lengths = np.diff(np.r_[starts_of_runs, k])
-        run_groups = g[starts_of_runs]
-        if len(np.unique(run_groups)) != len(run_groups):
+        if len(np.unique(g[starts_of_runs])) != len(starts_of_runs):
             raise StoreError("add_rows: the rows of a group must be adjacent")
-        starts = np.asarray(ray.get(self._shards[0].alloc.remote(lengths.tolist(), self.chunk)), np.int64)
-        rows = np.repeat(starts - starts_of_runs, lengths) + np.arange(k)
-        cols = dict(columns)
-        cols["__groups"] = list(groups)
-        if versions is not None:
-            cols["__versions"] = list(versions)
-        refs = []
-        for s, (srows, scols) in self._split(rows, cols).items():
-            sg = scols.pop("__groups")
-            sv = scols.pop("__versions", None)
-            refs.append(self._shards[s].call.remote("add_rows", scols, sg, sv, rows=srows))
-        ray.get(refs)
+        versions = None if versions is None else list(versions)
+        payload = _pack_cols(columns)
+        rows = ray.get(self._shards[0].add_rows.remote(payload, g, versions, lengths.tolist(), self.chunk))
         return rows.tolist()
 
-    def write(self, rows: list[int], columns: dict[str, list], *, lease_id: int | None = None) -> bool:
+    def write(self, rows: list[int], columns: dict, *, lease_id: int | None = None) -> bool:
         parts = None if lease_id is None else _unpack(getattr(lease_id, "id", lease_id), len(self._shards))
         refs = []
         for s, (srows, scols) in self._split(rows, columns).items():
             lid = None if parts is None else parts.get(s, _MASK)  # _MASK: a lease id no shard has
-            refs.append(self._shards[s].call.remote("write", srows, scols, lease_id=lid))
+            refs.append(self._shards[s].write.remote(srows, _pack_cols(scols), lid))
         return all(ray.get(refs))
 
     # ------------------------------------------------------------------ reading
@@ -255,38 +624,81 @@ class RayStore:
         if len(self._shards) == 1:
             kw = {**sel, "min_rows": min_rows, "timeout": timeout, "fields": fields, "lease_s": lease_s}
             part = ray.get(self._shards[0].get.remote(task, n, kw))
-            return None if part is None else self._merge(task, {0: part}, lease_s)
-        latest = ray.get([h.peek.remote(task, n, sel) for h in self._shards])
+            return None if part is None else self._assemble(task, {0: part}, lease_s)
+        kw = {**sel, "min_rows": 1, "timeout": 0.0, "fields": fields, "lease_s": lease_s}
         polls: dict[int, tuple[str, Any]] = {}
         try:
             while True:
-                quota = self._quota(latest, n // unit, unit)
-                if sum(quota.values()) >= need:
-                    kw = {**sel, "min_rows": 1, "timeout": 0.0, "fields": fields, "lease_s": lease_s}
-                    refs = {s: self._shards[s].get.remote(task, q, kw) for s, q in quota.items()}
-                    parts = {s: p for s, p in zip(refs, ray.get(list(refs.values()))) if p is not None}
-                    if sum(len(p[1]) for p in parts.values()) >= need:
-                        return self._merge(task, parts, lease_s)
+                # one round: every shard leases its lowest rows; keep the lowest n over all
+                refs = [h.get.remote(task, n, kw) for h in self._shards]
+                parts = {s: p for s, p in enumerate(ray.get(refs)) if p is not None}
+                parts = self._keep_lowest(parts, n // unit, whole_groups)
+                if sum(len(p[1]) for p in parts.values()) >= need:
+                    return self._assemble(task, parts, lease_s)
+                if parts:
                     ray.get([self._shards[s].call.remote("release", p[0]) for s, p in parts.items()])
-                    latest = ray.get([h.peek.remote(task, n, sel) for h in self._shards])
-                    if time.monotonic() < deadline:
-                        continue
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if time.monotonic() >= deadline:
                     return None
-                for s, h in enumerate(self._shards):
-                    if s not in polls:
-                        pid = next(self._poll_ids)
-                        polls[s] = (pid, h.peek.remote(task, n, sel, latest[s][0], min(left, _POLL_S), pid))
-                by_ref = {ref: s for s, (_, ref) in polls.items()}
-                done, _ = ray.wait(list(by_ref), num_returns=1, timeout=left)
-                for ref in done:
-                    s = by_ref[ref]
-                    latest[s] = ray.get(ref)
-                    del polls[s]
+                latest = ray.get([h.peek.remote(task, n, sel) for h in self._shards])
+                while True:  # wait until the shards together look like enough
+                    if sum(self._quota(latest, n // unit, unit).values()) >= need:
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    for s, h in enumerate(self._shards):
+                        if s not in polls:
+                            pid = next(self._poll_ids)
+                            polls[s] = (pid, h.peek.remote(task, n, sel, latest[s][0], min(left, _POLL_S), pid))
+                    by_ref = {ref: s for s, (_, ref) in polls.items()}
+                    done, _ = ray.wait(list(by_ref), num_returns=1, timeout=left)
+                    for ref in done:
+                        s = by_ref[ref]
+                        latest[s] = ray.get(ref)
+                        del polls[s]
         finally:
             for s, (pid, _) in polls.items():
                 self._shards[s].cancel_poll.remote(pid)
+
+    def _keep_lowest(self, parts: dict[int, tuple], units: int, whole_groups: bool) -> dict[int, tuple]:
+        """The lowest ``units`` rows (groups) over the shards' leases; the rest is given back."""
+        if len(parts) <= 1:  # one shard's lease is already its lowest units
+            return parts
+        keys = []
+        for s, p in parts.items():
+            if whole_groups:
+                first: dict[int, int] = {}
+                for r, g in zip(p[1], p[2]["_group"]):
+                    if g not in first or r < first[g]:
+                        first[g] = r
+                keys += [(r, s, g) for g, r in first.items()]
+            else:
+                keys += [(r, s, r) for r in p[1]]
+        if len(keys) <= units:
+            return parts
+        keys.sort()
+        chosen: dict[int, set] = {}
+        for _, s, u in keys[:units]:
+            chosen.setdefault(s, set()).add(u)
+        out, refs = {}, []
+        for s, p in parts.items():
+            pick = chosen.get(s)
+            if not pick:
+                refs.append(self._shards[s].call.remote("release", p[0]))
+                continue
+            col = p[2]["_group"] if whole_groups else p[1]
+            keep = np.flatnonzero(np.fromiter((u in pick for u in col), bool, len(col)))
+            if len(keep) == len(col):
+                out[s] = p
+                continue
+            lid, rows, book, locs, chunks = p
+            rows = [rows[i] for i in keep.tolist()]
+            book = {f: [v[i] for i in keep.tolist()] for f, v in book.items()}
+            locs = {f: v[keep] for f, v in locs.items()}
+            refs.append(self._shards[s].trim.remote(lid, rows))
+            out[s] = (lid, rows, book, locs, chunks)
+        ray.get(refs)
+        return out
 
     @staticmethod
     def _quota(latest, units: int, unit: int) -> dict[int, int]:
@@ -298,25 +710,88 @@ class RayStore:
             quota[s] = quota.get(s, 0) + unit
         return quota
 
-    def _merge(self, task: str, parts: dict[int, tuple], lease_s) -> Lease:
+    def _fetch(self, refs: list) -> list:
+        """Chunks by ref, one ``ray.get`` for those not cached."""
+        with self._cache_lock:
+            miss = [r for r in dict.fromkeys(refs) if r not in self._cache]
+        got = {r: _unpack_cols(v) for r, v in zip(miss, ray.get(miss))} if miss else {}
+        with self._cache_lock:
+            for r, v in got.items():
+                self._cache[r] = v
+            out = []
+            for r in refs:
+                v = got.get(r)
+                if v is None:
+                    v = self._cache[r]
+                    self._cache.move_to_end(r)
+                out.append(v)
+            while len(self._cache) > _CACHE:
+                self._cache.popitem(last=False)
+        return out
+
+    def _assemble(self, task: str, parts: dict[int, tuple], lease_s) -> Lease:
         lid = _pack({s: p[0] for s, p in parts.items()})
         deadline = time.monotonic() + (self.lease_s if lease_s is None else lease_s)
-        if len(parts) == 1:
-            (_, rows, cols), = parts.values()
+        plist = list(parts.items())
+        # every chunk referenced, numbered 0..; refs fetched at once
+        objs, index = [], {}
+        for s, p in plist:
+            for c, o in p[4].items():
+                index[(s, c)] = len(objs)
+                objs.append(o)
+        is_ref = [isinstance(o, ray.ObjectRef) for o in objs]
+        if any(is_ref):
+            fetched = iter(self._fetch([o for o, r in zip(objs, is_ref) if r]))
+            objs = [next(fetched) if r else o for o, r in zip(objs, is_ref)]
+        objs = [o if r else _unpack_cols(o) for o, r in zip(objs, is_ref)]
+        if len(plist) == 1:
+            (_, (_, rows, book, locs, _)), = plist
+            order = None
         else:
-            rows = [r for p in parts.values() for r in p[1]]
-            order = np.argsort(np.asarray(rows), kind="stable")
-            pick = itemgetter(*order.tolist())
-            names = next(iter(parts.values()))[2].keys()
-            cols = {f: list(pick([x for p in parts.values() for x in p[2][f]])) for f in names}
-            rows = cols["_row"]
+            rows = [r for _, p in plist for r in p[1]]
+            order = np.argsort(np.asarray(rows, np.int64), kind="stable")
+            rows = np.asarray(rows, np.int64)[order].tolist()
+            book = {f: [x for _, p in plist for x in p[2][f]] for f in plist[0][1][2]}
+            book = {f: [v[i] for i in order.tolist()] for f, v in book.items()}
+        cols: dict[str, Any] = {}
+        for f in plist[0][1][3]:
+            keys, offs = [], []
+            for s, p in plist:
+                loc = p[3][f]
+                cid = loc >> 32
+                key = np.full(len(loc), -1, np.int64)
+                ok = loc >= 0
+                if ok.any():
+                    u, inv = np.unique(cid[ok], return_inverse=True)
+                    key[ok] = np.asarray([index[(s, c)] for c in u.tolist()], np.int64)[inv]
+                keys.append(key)
+                offs.append(loc & 0xFFFFFFFF)
+            key = np.concatenate(keys) if len(keys) > 1 else keys[0]
+            off = np.concatenate(offs) if len(offs) > 1 else offs[0]
+            if order is not None:
+                key, off = key[order], off[order]
+            cols[f] = self._gather(objs, f, key, off)
+        cols.update(book)
         if len(self._issued) > 10000:
             self._issued.clear()
         self._issued[lid] = rows
         return Lease(lid, task, rows, cols, deadline)
 
+    @staticmethod
+    def _gather(objs: list, f: str, key: np.ndarray, off: np.ndarray):
+        k = len(key)
+        if k == 0:
+            return []
+        cut = np.flatnonzero(key[1:] != key[:-1]) + 1
+        bounds = [0, *cut.tolist(), k]
+        segs = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            c = int(key[a])
+            segs.append([None] * (b - a) if c < 0 else _col_take(objs[c][f], off[a:b]))
+        return _col_concat(segs)
+
     # ------------------------------------------------------------------ lease lifecycle
-    def ack(self, lease_id: int | Lease, columns: dict[str, list] | None = None) -> bool:
+    def ack(self, lease_id: int | Lease, columns: dict | None = None) -> bool:
         """As :meth:`SampleStore.ack`. With ``columns``, pass the Lease (or use the handle that
         got it): the handle must know the lease's rows to route them."""
         lid = getattr(lease_id, "id", lease_id)
@@ -327,9 +802,9 @@ class RayStore:
             if rows is None:
                 raise StoreError("ack with columns needs the Lease (this handle did not issue it)")
             split = self._split(rows, columns)
-            refs = [self._shards[s].call.remote("ack", p, split.get(s, (None, None))[1]) for s, p in parts.items()]
+            refs = [self._shards[s].ack.remote(p, _pack_cols(split.get(s, (None, None))[1])) for s, p in parts.items()]
         else:
-            refs = [self._shards[s].call.remote("ack", p, columns) for s, p in parts.items()]
+            refs = [self._shards[s].ack.remote(p, _pack_cols(columns)) for s, p in parts.items()]
         if not refs:
             return False
         return all(ray.get(refs))
@@ -381,7 +856,9 @@ class RayStore:
         return out
 
     def gc(self) -> int:
-        return sum(self._all("gc"))
+        """As :meth:`SampleStore.gc`; shards also drop their references to chunks whose rows
+        are all freed."""
+        return sum(ray.get([h.gc.remote() for h in self._shards]))
 
     # ------------------------------------------------------------------ checkpoint
     def snapshot(self) -> dict:
@@ -392,14 +869,14 @@ class RayStore:
             "lease_s": self.lease_s,
             "chunk": self.chunk,
             "next_row": next_row,
-            "shards": self._all("snapshot"),
+            "shards": ray.get([h.snapshot.remote() for h in self._shards]),
         }
 
     @classmethod
-    def restore(cls, d: dict, *, actor_options: dict | None = None) -> "RayStore":
+    def restore(cls, d: dict, *, actor_options: dict | None = None, **kwargs) -> "RayStore":
         if d.get("format") != SNAPSHOT_FORMAT or d.get("backend") != "ray":
             raise StoreError("not a RayStore snapshot")
-        store = cls(len(d["shards"]), d["lease_s"], d["chunk"], actor_options=actor_options)
+        store = cls(len(d["shards"]), d["lease_s"], d["chunk"], actor_options=actor_options, **kwargs)
         ray.get([h.restore.remote(sd) for h, sd in zip(store._shards, d["shards"])])
         ray.get(store._shards[0].next_row.remote(d["next_row"]))
         return store

@@ -1,0 +1,344 @@
+"""Where workers run: ``local`` (threads in this process, :class:`SampleStore`) or ``ray``
+(one actor per worker placed on the plan's placement-group bundles, :class:`RayStore`).
+
+Both backends hand every worker the same three things: the plan (plain data), a store handle
+and a control handle. :class:`Control` is the run's small control plane -- the stop flag, the
+weight board, the trace spans, busy time, step reports and drop counts -- reached through one
+batched ``sync`` call per worker every few milliseconds. On Ray it is a threaded actor and the
+workers talk to it through :class:`ActorProxy` (a method call = one remote call + get).
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from typing import Any
+
+from asyncflow.runtime.weights import WeightBoard
+
+
+class Control:
+    """The run's control plane (thread-safe; a Ray actor on the ray backend)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.board = WeightBoard()
+        self._stop = False
+        self._spans: list = []
+        self._reports: list[tuple[str, dict]] = []
+        self._busy: dict[str, float] = {}
+        self._exposed: dict[str, float] = {}
+        self._stats: dict[str, dict] = {}
+        self._rewards: list = []
+        self._drop_log: list[tuple[float, int, str]] = []  # (time, rows, reason)
+        self._removed: set[int] = set()  # rows dropped from the store
+        self._errors: list[tuple[str, str, str]] = []
+        self._seen: dict[str, float] = {}
+
+    # -- workers -----------------------------------------------------------------------------
+    def sync(self, worker: str, spans: list, state: dict, known: dict) -> dict:
+        with self._lock:
+            self._spans.extend(spans)
+            self._busy[worker] = float(state.get("busy", 0.0))
+            self._exposed[worker] = float(state.get("exposed_s", 0.0))
+            self._stats[worker] = state.get("stats", {})
+            self._seen[worker] = time.time()
+            self._rewards.extend(state.get("rewards", ()))
+            for rows, reason in state.get("drops", ()):
+                self._drop_log.append((time.time(), len(rows), reason))
+            stop = self._stop
+        newer = self.board.newer(known) if known else {}
+        return {"stop": stop, "newer": newer}
+
+    def publish(self, model: str, version: int, box: list) -> None:
+        self.board.publish(model, version, box)
+
+    def report_step(self, task: str, report: dict) -> None:
+        with self._lock:
+            self._reports.append((task, report))
+
+    def note_drops(self, rows: list[int], reason: str) -> None:
+        with self._lock:
+            self._removed.update(int(r) for r in rows)
+            self._drop_log.append((time.time(), len(rows), reason))
+
+    def dropped_rows(self, lo: int, hi: int) -> int:
+        with self._lock:
+            return sum(1 for r in self._removed if lo <= r < hi)
+
+    def fail(self, worker: str, message: str, tb: str) -> None:
+        with self._lock:
+            self._errors.append((worker, message, tb))
+            self._stop = True
+
+    # -- driver ------------------------------------------------------------------------------
+    def collect_seen(self) -> list[str]:
+        with self._lock:
+            return list(self._seen)
+
+    def errors(self) -> list:
+        with self._lock:
+            return list(self._errors)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+
+    def stopped(self) -> bool:
+        return self._stop
+
+    def version(self, model: str) -> int:
+        return self.board.version(model)
+
+    def collect(self) -> dict:
+        """Everything new since the last collect (spans, reports, rewards, drops), and the
+        current busy / exposed-sync integrals of every worker."""
+        with self._lock:
+            out = {"spans": self._spans, "reports": self._reports, "rewards": self._rewards,
+                   "drops": self._drop_log, "errors": list(self._errors),
+                   "busy": dict(self._busy), "exposed": dict(self._exposed),
+                   "stats": dict(self._stats), "time": time.time()}
+            self._spans, self._reports, self._rewards, self._drop_log = [], [], [], []
+            return out
+
+
+class ActorProxy:
+    """Calls an actor's methods synchronously: ``proxy.m(*a)`` is ``ray.get(h.m.remote(*a))``."""
+
+    def __init__(self, handle):
+        self._h = handle
+
+    def __getattr__(self, name: str):
+        import ray
+
+        method = getattr(self._h, name)
+        return lambda *a, **k: ray.get(method.remote(*a, **k))
+
+    def __reduce__(self):
+        return (ActorProxy, (self._h,))
+
+
+# ---------------------------------------------------------------------------------------- local
+class LocalBackend:
+    """Every worker is a thread of this process; the store is an in-process SampleStore."""
+
+    name = "local"
+    use_ray = False
+
+    def __init__(self, lease_s: float = 60.0, **_: Any):
+        self.lease_s = lease_s
+        self.workers: dict[str, Any] = {}
+        self.threads: dict[str, threading.Thread] = {}
+        self.results: dict[str, dict] = {}
+
+    def make_store(self, plan):
+        from asyncflow.runtime.store import SampleStore
+
+        return SampleStore(self.lease_s)
+
+    def make_control(self) -> tuple[Any, Any]:
+        c = Control()
+        return c, c  # (what workers get, what the driver calls)
+
+    def start(self, plan_dict: dict, worker_ids: list[str], store, control, t0: float,
+              options: dict) -> None:
+        from asyncflow.runtime.worker import Worker
+
+        for wid in worker_ids:
+            w = Worker(plan_dict, wid, store, control, t0, options)
+            self.workers[wid] = w
+
+            def body(w=w, wid=wid):
+                self.results[wid] = w.run()
+
+            th = threading.Thread(target=body, name=f"asyncflow:{wid}", daemon=True)
+            self.threads[wid] = th
+        for th in self.threads.values():
+            th.start()
+
+    def alive(self, wid: str) -> bool:
+        th = self.threads.get(wid)
+        return bool(th and th.is_alive())
+
+    def finished(self) -> dict[str, dict]:
+        return {w: r for w, r in self.results.items()}
+
+    def kill(self, wid: str) -> None:
+        self.workers[wid].kill()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        for th in self.threads.values():
+            th.join(max(0.0, deadline - time.time()))
+
+    def shutdown(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------- ray
+class _WorkerActor:
+    """A Ray actor around :class:`asyncflow.runtime.worker.Worker`."""
+
+    def __init__(self, plan_dict, wid, store, control_handle, t0, options):
+        from asyncflow.runtime.worker import Worker
+
+        self.worker = Worker(plan_dict, wid, store, ActorProxy(control_handle), t0,
+                             {**options, "ray": True})
+
+    def run(self) -> dict:
+        return self.worker.run()
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None):
+    """Connect to Ray: ``address`` if given, else a running local Ray, else start one."""
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    kw: dict = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
+    if address:
+        ray.init(address=address, **kw)
+    else:
+        ray.init(num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kw)
+    return ray
+
+
+class RayBackend:
+    """One actor per worker on its pool's placement group; RayStore; a Control actor."""
+
+    name = "ray"
+    use_ray = True
+
+    def __init__(self, lease_s: float = 60.0, address: str | None = None, shards: int = 2, **_: Any):
+        self.ray = ensure_ray(address)
+        self.lease_s = lease_s
+        self.shards = shards
+        self.actors: dict[str, Any] = {}
+        self.refs: dict[str, Any] = {}
+        self.results: dict[str, dict] = {}
+        self.pgs: dict[str, Any] = {}
+        self._store = None
+        self._control = None
+
+    def make_store(self, plan):
+        from asyncflow.runtime.ray_store import RayStore
+
+        sps, spp = plan.step.samples_per_step, plan.step.samples_per_prompt
+        chunk = sps * max(1, 512 // sps) if sps % spp == 0 else spp * max(1, 512 // spp)
+        self._store = RayStore(shards=self.shards, lease_s=self.lease_s, chunk=chunk)
+        return self._store
+
+    def make_control(self):
+        handle = self.ray.remote(Control).options(num_cpus=0, max_concurrency=32).remote()
+        self._control = handle
+        return handle, ActorProxy(handle)
+
+    def _placement_groups(self, plan) -> None:
+        """One placement group per pool, with the pool's bundles; CPU-slot bundles are scaled
+        down to fit the cluster when the plan asks for more CPU slots than it has (sim)."""
+        from ray.util.placement_group import placement_group
+
+        total = self.ray.cluster_resources().get("CPU", 1.0)
+        demand = sum(float(b.resources.get("CPU", 0)) for p in plan.pools for b in p.bundles)
+        scale = min(1.0, 0.9 * total / demand) if demand else 1.0
+        for pool in plan.pools:
+            bundles = []
+            for b in pool.bundles:
+                res = {k: float(v) for k, v in b.resources.items() if float(v) > 0}
+                if "CPU" in res:
+                    res["CPU"] = max(0.01, math.floor(res["CPU"] * scale * 100) / 100)
+                bundles.append(res or {"CPU": 0.01})
+            if not bundles:
+                continue
+            pg = placement_group(bundles, strategy="PACK", name="")
+            self.ray.get(pg.ready(), timeout=60)
+            self.pgs[pool.name] = pg
+
+    def start(self, plan_dict: dict, worker_ids: list[str], store, control, t0: float,
+              options: dict) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from asyncflow.plan import Plan
+
+        plan = Plan.from_dict(plan_dict)
+        self._placement_groups(plan)
+        cls = self.ray.remote(_WorkerActor)
+        plan_ref = self.ray.put(plan_dict)
+        for wid in worker_ids:
+            wp = next(w for w in plan.workers if w.id == wid)
+            opts: dict = {"num_cpus": 0, "max_concurrency": 1, "name": None}
+            opts.pop("name")
+            pg = self.pgs.get(wp.pool or "")
+            if pg is not None:
+                idx = wp.bundles[0] if wp.bundles else -1
+                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=idx)
+            actor = cls.options(**opts).remote(plan_ref, wid, store, control, t0, options)
+            self.actors[wid] = actor
+            self.refs[wid] = actor.run.remote()
+
+    def _poll(self) -> None:
+        pending = {ref: wid for wid, ref in self.refs.items() if wid not in self.results}
+        if not pending:
+            return
+        done, _ = self.ray.wait(list(pending), num_returns=len(pending), timeout=0)
+        for ref in done:
+            wid = pending[ref]
+            try:
+                self.results[wid] = self.ray.get(ref)
+            except Exception as e:  # the actor died (killed, crashed process)
+                self.results[wid] = {"worker": wid, "status": "crashed", "error": str(e)[:200]}
+
+    def alive(self, wid: str) -> bool:
+        self._poll()
+        return wid in self.refs and wid not in self.results
+
+    def finished(self) -> dict[str, dict]:
+        self._poll()
+        return dict(self.results)
+
+    def kill(self, wid: str) -> None:
+        self.ray.kill(self.actors[wid], no_restart=True)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            self._poll()
+            if len(self.results) == len(self.refs):
+                return
+            time.sleep(0.02)
+
+    def shutdown(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.actors.values():
+            try:
+                self.ray.kill(a, no_restart=True)
+            except Exception:
+                pass
+        if self._control is not None:
+            try:
+                self.ray.kill(self._control, no_restart=True)
+            except Exception:
+                pass
+        if self._store is not None:
+            try:
+                self._store.shutdown()
+            except Exception:
+                pass
+        for pg in self.pgs.values():
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
+
+
+BACKENDS = {"local": LocalBackend, "ray": RayBackend}
+
+
+def make_backend(name: str, **kw):
+    try:
+        return BACKENDS[name](**kw)
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})") from None

@@ -1,0 +1,339 @@
+"""The driver: executes an :class:`~asyncflow.plan.Plan` on a backend and records the run.
+
+What it does, top to bottom (:meth:`Driver.run`):
+
+1. load the prompts of the plan's data source;
+2. make the store (one row per sample) and the control plane, register every task's inputs;
+3. start one worker per :class:`~asyncflow.plan.WorkerPlan` (threads or Ray actors);
+4. feed prompts: prompt ``k`` is replicated ``samples_per_prompt`` times (one ``_group``) and
+   belongs to step ``k // prompts_per_step``, so step ``s`` owns rows
+   ``[s * samples_per_step, (s + 1) * samples_per_step)``. Steps are fed a little ahead of what
+   the staleness gate lets producers start (``version + alpha + 1``);
+5. every few milliseconds collect the workers' reports; per finished train step write one line
+   of ``metrics.jsonl`` and call ``on_step``;
+6. when every train task has done its last step (or, without one, every row is consumed), stop
+   the workers, write ``trace.json`` and return a :class:`RunResult`.
+
+A KeyboardInterrupt stops the workers the same way, writes the partial trace and metrics, and
+propagates. ``RUN_DIR`` (``out_dir``) receives ``plan.json``, ``metrics.jsonl``, ``trace.json``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from asyncflow.errors import AsyncflowError
+from asyncflow.plan import Plan
+from asyncflow.runtime.backends import make_backend
+from asyncflow.runtime.tasks import resolve
+from asyncflow.runtime.trace import MetricsLog, mean_std, write_trace
+
+
+# worker loop settings (seconds): control-plane sync period, back-off after an empty READ, how
+# long a batch READ waits in the store. Ray calls cost more, so Ray polls less often.
+LOCAL_DEFAULTS = {"sync_s": 0.005, "backoff_s": 0.002, "read_timeout_s": 0.02}
+RAY_DEFAULTS = {"sync_s": 0.02, "backoff_s": 0.01, "read_timeout_s": 0.1}
+
+
+class RunError(AsyncflowError):
+    """A worker failed (its traceback is in ``details``) or the run could not start."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict]
+    out_dir: str | None
+    wall_s: float
+    samples: int
+    interrupted: bool = False
+    stats: dict = field(default_factory=dict)  # the store's stats at the end
+    consumed: dict[str, list[int]] = field(default_factory=dict)  # task -> rows, in order
+    workers: dict[str, dict] = field(default_factory=dict)  # worker -> its summary
+    spans: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> rows
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def load_prompts(plan: Plan) -> list[dict]:
+    """The rows of the plan's (first) data source, restricted to its declared fields."""
+    if not plan.data:
+        raise RunError("the plan has no data source")
+    src = plan.data[0]
+    s = src.source
+    if s.endswith((".jsonl", ".json")):
+        with open(s) as f:
+            rows = [json.loads(line) for line in f if line.strip()] if s.endswith(".jsonl") \
+                else json.load(f)
+    elif s.endswith(".parquet"):
+        import pandas as pd  # optional
+
+        rows = pd.read_parquet(s).to_dict("records")
+    else:
+        rows = list(resolve(s)(**(src.args or {})))
+    if not rows:
+        raise RunError(f"data source {src.name!r} ({s}) gave no rows")
+    fields = src.fields or list(rows[0])
+    return [{f: r.get(f) for f in fields} for r in rows]
+
+
+class Driver:
+    """Runs one plan (module docstring). ``kill(worker_id)`` crashes a worker (tests)."""
+
+    def __init__(self, plan: Plan, backend: str = "local", out_dir: str | None = None,
+                 steps: int | None = None, address: str | None = None, lease_s: float = 60.0,
+                 options: dict | None = None, on_step: Callable[[dict], Any] | None = None,
+                 poll_s: float = 0.01, shards: int = 2):
+        plan = copy.deepcopy(plan)
+        if steps is not None:
+            plan.step.steps = int(steps)
+        self.plan = plan
+        self.backend_name = backend
+        self.backend_kw = {"lease_s": lease_s, "address": address, "shards": shards}
+        self.out_dir = out_dir
+        defaults = RAY_DEFAULTS if backend == "ray" else LOCAL_DEFAULTS
+        self.options = {**defaults, **(options or {})}
+        self.on_step = on_step
+        self.poll_s = poll_s
+        self.backend = None
+        self.started = False
+        self._kill_requests: list[str] = []
+
+    # -- public --------------------------------------------------------------------------------
+    def kill(self, worker_id: str) -> None:
+        """Crash ``worker_id`` (no ack of what it holds); safe to call from another thread."""
+        self._kill_requests.append(worker_id)
+
+    def run(self) -> RunResult:
+        plan = self.plan
+        st = plan.step
+        prompts = load_prompts(plan)
+        if self.out_dir:
+            os.makedirs(self.out_dir, exist_ok=True)
+            with open(os.path.join(self.out_dir, "plan.json"), "w") as f:
+                f.write(plan.to_json())
+        self.backend = be = make_backend(self.backend_name, **self.backend_kw)
+        store = be.make_store(plan)
+        self.store = store
+        for t in plan.tasks:
+            store.register_task(t.name, list(t.inputs))
+        worker_ctl, ctl = be.make_control()
+        self.control = ctl
+        trainers = [t.name for t in plan.tasks if t.kind == "train"]
+        primary = self._primary(trainers)
+        alpha = max((s.max_staleness for s in plan.sync), default=0)
+        t0 = time.time()
+        self.t0 = t0
+        metrics = MetricsLog(os.path.join(self.out_dir, "metrics.jsonl") if self.out_dir else None)
+        pools = {w.id: (w.pool or "cpu") for w in plan.workers}
+        spans: list = []
+        rewards: dict[int, float] = {}
+        drops: dict[str, int] = {}
+        done: dict[str, int] = {t: 0 for t in trainers}
+        pending_reports: dict[int, dict] = {}  # step -> {task: report}
+        fed = 0  # steps fed so far
+        interrupted = False
+        last = {"t": t0, "busy": {}, "exposed": {}, "drops": 0}
+        try:
+            be.start(plan.to_dict(), [w.id for w in plan.workers], store, worker_ctl, t0,
+                     self.options)
+            self.started = True
+            self._wait_ready(ctl, be)
+            last["t"] = self.ready = time.time()  # step 0's clock starts when rows can flow
+            fed = self._feed(store, prompts, fed, min(st.steps, alpha + 2))
+            last_expire = time.time()
+            while True:
+                for wid in self._kill_requests[:]:
+                    self._kill_requests.remove(wid)
+                    be.kill(wid)
+                c = ctl.collect()
+                spans.extend(c["spans"])
+                for rows, values in c["rewards"]:
+                    rewards.update(zip(rows, values))
+                for _, n, reason in c["drops"]:
+                    drops[reason] = drops.get(reason, 0) + n
+                if c["errors"]:
+                    wid, msg, tb = c["errors"][0]
+                    raise RunError(f"worker {wid} failed: {msg}", tb)
+                for task, rep in c["reports"]:
+                    pending_reports.setdefault(rep["step"], {})[task] = rep
+                    done[task] = max(done.get(task, 0), rep["step"] + 1)
+                # a step's metrics line once every trainer has reported it
+                for s in sorted(pending_reports):
+                    reps = pending_reports[s]
+                    if not all(t in reps for t in trainers):
+                        break
+                    del pending_reports[s]
+                    row = self._metrics(s, reps, primary, c, last, rewards, drops, store, pools, t0)
+                    metrics.append(row)
+                    if self.on_step:
+                        self.on_step(row)
+                version = min(done.values()) if done else st.steps
+                if fed < st.steps:
+                    fed = self._feed(store, prompts, fed, min(st.steps, version + alpha + 2))
+                if trainers and all(done[t] >= st.steps for t in trainers):
+                    break
+                if not trainers and fed >= st.steps and self._all_consumed(store, fed):
+                    break
+                self._check_workers(be)
+                if time.time() - last_expire > 0.25:
+                    store.expire()
+                    last_expire = time.time()
+                time.sleep(self.poll_s)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            wall = time.time() - t0
+            ctl.stop()
+            if self.started:
+                be.join(timeout=float(self.options.get("join_s", 10.0)))
+            try:
+                c = ctl.collect()
+                spans.extend(c["spans"])
+            except Exception:
+                pass
+            workers = be.finished() if self.started else {}
+            result = RunResult(metrics.rows, self.out_dir, wall,
+                               sum(r.get("samples", 0) for r in metrics.rows), interrupted,
+                               workers=workers, spans=len(spans), dropped=drops)
+            try:
+                result.stats = store.stats()
+                result.consumed = {t.name: store.consumed(t.name) for t in plan.tasks}
+            except Exception:
+                pass
+            metrics.close()
+            if self.out_dir:
+                write_trace(os.path.join(self.out_dir, "trace.json"), spans, t0, pools)
+            self.result = result
+            be.shutdown()
+        return result
+
+    # -- internals -----------------------------------------------------------------------------
+    def _primary(self, trainers: list[str]) -> str | None:
+        """The train task whose version the rollouts follow (a sync edge's source)."""
+        srcs = [s.src for s in self.plan.sync if s.src in trainers]
+        return srcs[0] if srcs else (trainers[0] if trainers else None)
+
+    def _feed(self, store, prompts: list[dict], fed: int, upto: int) -> int:
+        """Add the rows of steps ``fed .. upto - 1``; returns ``upto``."""
+        st = self.plan.step
+        if upto <= fed:
+            return fed
+        pps, spp, sps = st.prompts_per_step, st.samples_per_prompt, st.samples_per_step
+        fields = list(prompts[0])
+        cols: dict[str, list] = {f: [] for f in fields}
+        groups: list[int] = []
+        for k in range(fed * pps, upto * pps):
+            p = prompts[k % len(prompts)]
+            for f in fields:
+                cols[f].extend([p[f]] * spp)
+            groups.extend([k] * spp)
+        rows = store.add_rows(cols, groups)
+        want = list(range(fed * sps, upto * sps))
+        if list(rows) != want:
+            raise RunError(f"store numbered rows {rows[:3]}..., expected {want[:3]}... "
+                           "(a step must own a contiguous row range)")
+        return upto
+
+    def _wait_ready(self, ctl, be) -> None:
+        """Until every worker has built its engine and synced once (start-up is not a step)."""
+        ids = {w.id for w in self.plan.workers}
+        limit = time.time() + float(self.options.get("start_timeout_s", 300.0))
+        while time.time() < limit:
+            for wid in self._kill_requests[:]:
+                self._kill_requests.remove(wid)
+                be.kill(wid)
+            if ids <= set(ctl.collect_seen()):
+                return
+            errors = ctl.errors()
+            if errors:
+                wid, msg, tb = errors[0]
+                raise RunError(f"worker {wid} failed: {msg}", tb)
+            self._check_workers(be)
+            time.sleep(self.poll_s)
+        raise RunError("workers did not start within the start-up timeout")
+
+    def _all_consumed(self, store, fed: int) -> bool:
+        s = store.stats()
+        total = fed * self.plan.step.samples_per_step - sum(s.get("drops", {}).values())
+        return all(t["consumed"] >= total for t in s["tasks"].values())
+
+    def _check_workers(self, be) -> None:
+        """Every task still needs a live replica (a crashed one's leases are re-issued)."""
+        fin = be.finished()
+        if not fin:
+            return
+        for t in self.plan.tasks:
+            ids = [w.id for w in self.plan.workers if w.task == t.name]
+            if ids and all(i in fin for i in ids) and any(fin[i].get("status") != "stopped" for i in ids):
+                gone = ", ".join(f"{i}: {fin[i].get('status')}" for i in ids)
+                raise RunError(f"every replica of task {t.name!r} is gone ({gone})")
+
+    def _metrics(self, s: int, reps: dict, primary, c: dict, last: dict, rewards: dict,
+                 drops: dict, store, pools: dict, t0: float) -> dict:
+        rep = reps.get(primary) or next(iter(reps.values()))
+        now = max(r["end"] for r in reps.values())
+        window = max(now - last["t"], 1e-9)
+        rows = rep["rows"]
+        rvals = rep.get("rewards") or [rewards.pop(r) for r in rows if r in rewards]
+        rvals = [float(x) for x in rvals if isinstance(x, (int, float))]
+        r_mean, r_std = mean_std(rvals)
+        stl = rep["staleness"]
+        # utilization: busy-seconds of each pool's workers over the window
+        busy, exposed = c["busy"], c["exposed"]
+        used: dict[str, float] = {}
+        cap: dict[str, float] = {}
+        dev = {p.name: p.devices for p in self.plan.pools}
+        dpr = {t.name: t.devices_per_replica for t in self.plan.tasks}
+        for w in self.plan.workers:
+            pool = w.pool or "cpu"
+            db = busy.get(w.id, 0.0) - last["busy"].get(w.id, 0.0)
+            used[pool] = used.get(pool, 0.0) + max(db, 0.0) * (dpr.get(w.task, 1) if w.pool else 1)
+            cap[pool] = dev.get(pool, 0) or (cap.get(pool, 0.0) + 1)
+        util = {p: min(1.0, used[p] / (window * cap[p])) for p in used if cap.get(p)}
+        dev_pools = [p for p in util if p in dev and dev[p]]
+        total_dev = sum(dev[p] for p in dev_pools)
+        bubble = 1.0 - sum(util[p] * dev[p] for p in dev_pools) / total_dev if total_dev else None
+        ex_roll = sum(max(exposed.get(w, 0.0) - last["exposed"].get(w, 0.0), 0.0) for w in exposed)
+        exposed_s = sum(r.get("publish_s", 0.0) for r in reps.values()) + ex_roll
+        try:
+            queue = {t.name: store.pending(t.name) for t in self.plan.tasks}
+        except Exception:
+            queue = {}
+        n_drop = sum(v for k, v in drops.items() if k != "filter")
+        row = {
+            "step": s, "version": rep["version"], "time": round(now - t0, 6),
+            "step_time": round(window, 6), "samples": len(rows),
+            "samples_per_s": round(len(rows) / window, 3),
+            "reward_mean": r_mean, "reward_std": r_std,
+            "staleness_mean": (sum(stl) / len(stl)) if stl else None,
+            "staleness_max": max(stl) if stl else None,
+            "dropped": n_drop - last["drops"],
+            "filtered": drops.get("filter", 0),
+            "utilization": {p: round(u, 4) for p, u in sorted(util.items())},
+            "bubble_fraction": round(bubble, 4) if bubble is not None else None,
+            "queue_depth": queue, "exposed_sync_s": round(exposed_s, 6),
+        }
+        for task, r in sorted(reps.items()):
+            for k, v in r["metrics"].items():
+                key = k if task == primary else f"{task}/{k}"
+                if key not in row:
+                    row[key] = v
+        last["t"], last["busy"], last["exposed"], last["drops"] = now, dict(busy), dict(exposed), n_drop
+        return row
+
+
+def run_plan(plan: Plan, backend: str = "local", **kw) -> RunResult:
+    """Execute ``plan`` (see :class:`Driver` for the keyword arguments)."""
+    return Driver(plan, backend, **kw).run()

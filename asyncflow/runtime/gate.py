@@ -1,0 +1,78 @@
+"""The staleness gate (DESIGN.md, "Semantics that must be exact").
+
+Rows are numbered so that a row's step is known from its index alone: prompt ``k`` belongs to
+step ``k // prompts_per_step`` and is replicated ``samples_per_prompt`` times, so the rows of
+step ``s`` are ``[s * samples_per_step, (s + 1) * samples_per_step)``.
+
+The rules (the tests cite them by number):
+
+1. The policy has a version: 0 at start, +1 per train step. The train step that produces
+   version ``n + 1`` is step ``n`` and consumes exactly the rows of step ``n``.
+2. A gated producer (a rollout on the trained model) holding version ``v`` may *start* a sample
+   of step ``s`` only if ``v >= s - alpha``: it leases rows below :meth:`Gate.max_row` ``(v)``.
+3. Each rollout output row records ``_version``, the version it was generated with (multi-turn:
+   the oldest). A row about to be written with ``s - v > alpha`` (possible only when a lease was
+   re-issued to a replica holding an older version) is not written: it is counted as dropped
+   and generated again with the newest weights, in place (same row), so no sample is lost.
+4. The train step ``n`` accepts a row of version ``v`` only if ``n - v <= alpha``; it records
+   ``n - v`` (the staleness) of every row it consumes. A row beyond the bound is dropped and
+   counted (rules 2 and 3 make this unreachable; the check stays as the last line of defence).
+5. ``alpha = 0`` is the synchronous schedule: step ``s`` starts only once version ``s`` is out,
+   i.e. after train step ``s - 1``; the trainer always sees its whole step at once, ordered by
+   row index, so the batches and their order are those of the synchronous plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Gate:
+    alpha: int  # max_staleness of the sync edge
+    samples_per_step: int
+    steps: int  # total train steps (rows past the last step never exist)
+
+    def step_of(self, row: int) -> int:
+        return int(row) // self.samples_per_step
+
+    def rows_of(self, step: int) -> range:
+        return range(step * self.samples_per_step, (step + 1) * self.samples_per_step)
+
+    def max_step(self, version: int) -> int:
+        """The last step a producer holding ``version`` may start (rule 2)."""
+        return min(version + self.alpha, self.steps - 1)
+
+    def max_row(self, version: int) -> int:
+        """Exclusive upper bound on the rows a producer holding ``version`` may lease (rule 2)."""
+        return (self.max_step(version) + 1) * self.samples_per_step
+
+    def may_start(self, step: int, version: int) -> bool:
+        return version >= step - self.alpha
+
+    def staleness(self, train_step: int, version: int | None) -> int:
+        return 0 if version is None or version < 0 else int(train_step) - int(version)
+
+    def accepts(self, train_step: int, version: int | None) -> bool:
+        """Rule 4: may train step ``train_step`` consume a row of ``version``."""
+        return self.staleness(train_step, version) <= self.alpha
+
+    def fresh_enough(self, row: int, version: int) -> bool:
+        """Rule 3: may a rollout write ``row`` generated with ``version``."""
+        return self.step_of(row) - version <= self.alpha
+
+
+def gates_for(plan) -> dict[str, Gate]:
+    """The gate of every task that receives weights through a sync edge (task -> Gate)."""
+    sps, steps = plan.step.samples_per_step, plan.step.steps
+    out: dict[str, Gate] = {}
+    for s in plan.sync:
+        g = Gate(int(s.max_staleness), sps, steps)
+        prev = out.get(s.dst)
+        if prev is None or g.alpha < prev.alpha:
+            out[s.dst] = g
+    return out
+
+
+def alpha_of(plan) -> int:
+    """The tightest staleness bound of the plan (0 when there is no sync edge)."""
+    return min((int(s.max_staleness) for s in plan.sync), default=0)

@@ -1,0 +1,111 @@
+"""Weight publication and adoption (DESIGN.md, "Weight sync"): deferred, measured.
+
+- The trainer, after train step ``n``, *publishes* version ``n + 1``: ``export_weights()``, then
+  (on Ray) one ``ray.put`` whose reference goes to the board -- the weights cross the object
+  store once, however many replicas adopt them. It does not wait for anyone to adopt.
+- A replica fed through a sync edge *adopts* the newest published version between requests
+  (``update_weights``), never in the middle of one.
+- Exposed sync time is the time a worker is blocked on sync: the trainer's export + put +
+  publish, a replica's fetch + ``update_weights``. Both are measured and reported per step.
+
+The board keeps only the newest version of each model (older ones are never adopted: a replica
+jumps straight to the newest). Weights travel boxed in a one-element list so that Ray passes the
+object reference through actor calls instead of resolving it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+
+class WeightBoard:
+    """The newest published (version, boxed weights) of every trained model (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[int, list]] = {}
+        self.published: list[tuple[str, int, float]] = []  # (model, version, time.time())
+
+    def publish(self, model: str, version: int, box: list) -> None:
+        with self._lock:
+            cur = self._latest.get(model)
+            if cur is None or version > cur[0]:
+                self._latest[model] = (int(version), box)
+            self.published.append((model, int(version), time.time()))
+
+    def version(self, model: str) -> int:
+        with self._lock:
+            cur = self._latest.get(model)
+            return cur[0] if cur else 0
+
+    def newer(self, known: dict[str, int]) -> dict[str, tuple[int, list]]:
+        """``{model: (version, box)}`` for every model whose newest version beats ``known``."""
+        with self._lock:
+            return {m: vb for m, vb in self._latest.items() if m in known and vb[0] > known[m]}
+
+    def versions(self) -> dict[str, int]:
+        with self._lock:
+            return {m: v for m, (v, _) in self._latest.items()}
+
+
+def box_weights(weights: Any, use_ray: bool) -> list:
+    """Box the weights for the board; on Ray put them in the object store once."""
+    if use_ray:
+        import ray
+
+        return [ray.put(weights)]
+    return [weights]
+
+
+def unbox_weights(box: list, use_ray: bool) -> Any:
+    if use_ray:
+        import ray
+
+        return ray.get(box[0])
+    return box[0]
+
+
+class Adopter:
+    """A worker's view of the models it receives: adopts the newest version between requests."""
+
+    def __init__(self, engine, models: list[str], use_ray: bool):
+        self.engine = engine
+        self.known: dict[str, int] = {m: 0 for m in models}
+        self.use_ray = use_ray
+        self.exposed_s = 0.0  # seconds blocked on fetch + update_weights, cumulative
+        self.adoptions: list[tuple[str, int, float, float]] = []  # (model, version, start, end)
+
+    @property
+    def version(self) -> int:
+        """The (policy) version this worker generates with: the oldest of its models'."""
+        return min(self.known.values()) if self.known else 0
+
+    def adopt(self, newer: dict[str, tuple[int, list]]) -> bool:
+        """Take up every newer version offered (call only between requests)."""
+        took = False
+        for model, (version, box) in sorted(newer.items()):
+            if version <= self.known.get(model, -1):
+                continue
+            t = time.time()
+            weights = unbox_weights(box, self.use_ray)
+            update = getattr(self.engine, "update_weights", None)
+            if update is not None:
+                update(weights, version)
+            end = time.time()
+            self.exposed_s += end - t
+            self.adoptions.append((model, version, t, end))
+            self.known[model] = version
+            took = True
+        return took
+
+
+def publish(engine, model: str, version: int, use_ray: bool,
+            send: Callable[[str, int, list], Any]) -> float:
+    """Export the trainer's weights as ``version`` and hand them to ``send`` (the board);
+    returns the seconds the trainer was blocked (exposed sync time)."""
+    t = time.time()
+    export = getattr(engine, "export_weights", None)
+    weights = export() if export is not None else None
+    send(model, int(version), box_weights(weights, use_ray))
+    return time.time() - t
