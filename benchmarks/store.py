@@ -4,8 +4,11 @@ Each sample has 4 fields: ``prompt`` (32 token ids), ``response`` (16..128 token
 (float), ``logprob`` (float). One consumer task ``train`` needs all four. Per chunk of ``--chunk``
 samples the producer puts them and the consumer takes them (streaming, interleaved):
 
-- store (local / Ray): ``add_rows(prompt)`` + ``write(response, reward, logprob)``, then
-  ``get(train, chunk)`` + ``ack``;
+- store (local / Ray): ``add_rows(all 4 fields)`` (one put, as the queue's), then
+  ``get(train, chunk)`` (the consumer has the 4 columns in hand) + ``ack``. Two data layouts:
+  *lists* (Python lists, token ids as lists of ints, as the queue gets them) and *numpy* (token ids
+  as :class:`~asyncflow.runtime.ray_store.Ragged` flat int32 arrays + offsets, floats as float32
+  arrays: no per-row pickling; built before timing, like the lists);
 - ray queue batched: ``put_nowait_batch`` of a chunk of per-sample dicts + ``get_nowait_batch``;
 - ray queue unbatched: one ``put`` and one ``get`` per sample; capped at ``--unbatched-cap`` rows
   (it is slow) and extrapolated at the measured rate to the larger sizes (marked ``*``).
@@ -18,6 +21,8 @@ import argparse
 import random
 import time
 
+import numpy as np
+
 
 def make_data(n: int, seed: int = 0) -> dict[str, list]:
     rng = random.Random(seed)
@@ -29,18 +34,30 @@ def make_data(n: int, seed: int = 0) -> dict[str, list]:
     }
 
 
+def to_numpy(data: dict[str, list]) -> dict:
+    from asyncflow.runtime.ray_store import Ragged
+
+    return {
+        "prompt": Ragged.from_lists(data["prompt"], np.int32),
+        "response": Ragged.from_lists(data["response"], np.int32),
+        "reward": np.asarray(data["reward"], np.float32),
+        "logprob": np.asarray(data["logprob"], np.float32),
+    }
+
+
 def run_store(store, data, chunk: int) -> float:
     n = len(data["prompt"])
-    store.register_task("train", ["prompt", "response", "reward", "logprob"])
+    fields = ("prompt", "response", "reward", "logprob")
+    store.register_task("train", list(fields))
     got = 0
     t0 = time.perf_counter()
     for i in range(0, n, chunk):
         j = min(i + chunk, n)
-        rows = store.add_rows({"prompt": data["prompt"][i:j]}, list(range(i, j)))
-        store.write(rows, {f: data[f][i:j] for f in ("response", "reward", "logprob")})
+        store.add_rows({f: data[f][i:j] for f in fields}, np.arange(i, j))
         lease = store.get("train", j - i)
+        assert all(len(lease.columns[f]) == j - i for f in fields)
         got += len(lease.rows)
-        store.ack(lease.id)
+        store.ack(lease)
     dt = time.perf_counter() - t0
     assert got == n, (got, n)
     return n / dt
@@ -98,26 +115,31 @@ def main() -> None:
     data = make_data(max(args.sizes))
     unb_rows = min(args.unbatched_cap, max(args.sizes))
     unb = run_queue_unbatched({k: v[:unb_rows] for k, v in data.items()})
+    npdata = to_numpy(data)
     rows = []
     for n in args.sizes:
         d = {k: v[:n] for k, v in data.items()}
+        dn = {k: v[:n] for k, v in npdata.items()}
         local = run_store(SampleStore(), d, args.chunk)
         rs = RayStore(shards=args.shards, chunk=1024)  # actors started before timing, as the queue's
-        rstore = run_store(rs, d, args.chunk)
+        rlist = run_store(rs, d, args.chunk)
+        rs.shutdown()
+        rs = RayStore(shards=args.shards, chunk=1024)
+        rnp = run_store(rs, dn, args.chunk)
         rs.shutdown()
         qb = run_queue_batched(d, args.chunk)
-        rows.append((n, local, rstore, qb, unb, n > unb_rows))
+        rows.append((n, local, rlist, rnp, qb, unb, n > unb_rows))
     ray.shutdown()
 
     print(f"\nsamples/s, chunk={args.chunk}, RayStore shards={args.shards}, 4 fields/sample "
           f"(unbatched queue measured on {unb_rows} rows; * = extrapolated at that rate)")  # fmt: skip
-    head = ("rows", "local store", "Ray store", "queue batched", "queue unbatched", "Ray store/q batched",
-            "Ray store/q unbatched", "local/q batched")  # fmt: skip
+    head = ("rows", "local store", "Ray st. lists", "Ray st. numpy", "queue batched", "queue unbatched",
+            "lists/q batch", "numpy/q batch", "numpy/q unbat", "local/q batch")  # fmt: skip
     print(" | ".join(f"{h:>14}" for h in head))
-    for n, local, rstore, qb, unb_rate, extrap in rows:
-        cells = [f"{n:>14}", f"{local:>14,.0f}", f"{rstore:>14,.0f}", f"{qb:>14,.0f}",
-                 f"{unb_rate:>13,.0f}{'*' if extrap else ' '}", f"{rstore / qb:>13.1f}x",
-                 f"{rstore / unb_rate:>13.1f}x", f"{local / qb:>13.1f}x"]  # fmt: skip
+    for n, local, rlist, rnp, qb, unb_rate, extrap in rows:
+        cells = [f"{n:>14}", f"{local:>14,.0f}", f"{rlist:>14,.0f}", f"{rnp:>14,.0f}", f"{qb:>14,.0f}",
+                 f"{unb_rate:>13,.0f}{'*' if extrap else ' '}", f"{rlist / qb:>13.1f}x", f"{rnp / qb:>13.1f}x",
+                 f"{rnp / unb_rate:>13.1f}x", f"{local / qb:>13.1f}x"]  # fmt: skip
         print(" | ".join(cells))
 
 

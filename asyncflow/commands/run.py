@@ -59,6 +59,13 @@ def register(app: typer.Typer) -> None:
         driver = Driver(plan, backend, out_dir=run_dir, steps=steps, address=address,
                         lease_s=lease_s, on_step=on_step)
         interrupted = False
+
+        def on_term(signum, frame):  # `kill`, `timeout`, a scheduler: stop as cleanly as Ctrl-C
+            raise KeyboardInterrupt
+
+        import signal
+
+        previous = signal.signal(signal.SIGTERM, on_term)
         try:
             with progress:
                 result = driver.run()
@@ -70,6 +77,8 @@ def register(app: typer.Typer) -> None:
             if os.environ.get("ASYNCFLOW_DEBUG") and e.details:
                 err.print(e.details, markup=False)
             raise typer.Exit(1)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         if result is not None:
             _summary(out, result, run_dir, Table)
         if interrupted:
