@@ -17,7 +17,8 @@ arg                  default      meaning
 ``betas``            [0.9, 0.999] train: AdamW betas
 ``micro_batch``      all rows     train/score: rows per forward pass
 ``max_grad_norm``    1.0          train: gradient clipping (``None``: off)
-``threads``          2            ``torch.set_num_threads`` (process-wide)
+``threads``          2            ``torch.set_num_threads`` (process-wide); the runtime passes
+                                  the replica's CPU slots when devices are CPU slots
 ``device``           cpu          torch device
 loss settings        -            :class:`asyncflow.algos.config.LossConfig` fields
 ===================  ===========  ==================================================
@@ -58,7 +59,7 @@ class HFEngine:
         self.spec = spec
         args = dict(spec.args)
         self.args = args
-        torch.set_num_threads(int(args.get("threads", 2)))
+        torch.set_num_threads(int(args.get("threads") or spec.extra.get("threads") or 2))
         self.device = torch.device(args.get("device", "cpu"))
         self.temperature = float(args.get("temperature", spec.extra.get("temperature", 1.0)))
         self.top_p = float(args.get("top_p", 1.0))

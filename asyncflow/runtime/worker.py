@@ -57,7 +57,20 @@ def engine_spec(plan: Plan, task, replica: int) -> EngineSpec:
         inputs=tuple(task.inputs), outputs=tuple(task.outputs), loss=task.loss, seed=plan.seed,
         replica=replica, replicas=task.replicas,
         extra={"samples_per_prompt": st.samples_per_prompt, "prompts_per_step": st.prompts_per_step,
-               "samples_per_step": st.samples_per_step, "steps": st.steps})
+               "samples_per_step": st.samples_per_step, "steps": st.steps,
+               # a CPU device is one CPU slot: an engine takes as many threads as it has slots, so
+               # colocated engines do not oversubscribe the cores (2 threads each on 2 cores ran
+               # the main job 7x slower)
+               "threads": max(1, task.devices_per_replica) if plan.device_kind == "CPU" else None,
+               # scorers and trainers see log-probs at the temperature the rollout sampled with
+               "temperature": _rollout_temperature(plan)})
+
+
+def _rollout_temperature(plan: Plan) -> float:
+    for t in plan.tasks:
+        if t.kind == "rollout" and "temperature" in (t.args or {}):
+            return float(t.args["temperature"])
+    return 1.0
 
 
 def read_shape(plan: Plan, task) -> tuple[str, int]:
