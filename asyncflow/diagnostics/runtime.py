@@ -1,1 +1,8 @@
-CODES: list = []
+"""AF6xx: user errors found when a plan runs (data that cannot be read, a bad resume directory)."""
+from asyncflow.diagnostics import Code
+
+CODES = [
+    Code("AF601", "data-unreadable", "data source '{name}' ({source}) cannot be read: {reason}"),
+    Code("AF602", "data-empty", "data source '{name}' ({source}) gave no rows"),
+    Code("AF603", "data-fields", "data source '{name}' ({source}): row {row} has no field '{field}'"),
+]

@@ -66,25 +66,58 @@ class RunResult:
 
 
 def load_prompts(plan: Plan) -> list[dict]:
-    """The rows of the plan's (first) data source, restricted to its declared fields."""
+    """The rows of the plan's (first) data source, restricted to its declared fields.
+
+    A data file is looked up as the validate pass does (absolute, else beside the pipeline file,
+    else in the working directory) and read by :mod:`asyncflow.datasets`; a file or factory that
+    fails is a user error (AF601-AF603), located in the data file where the loader says where.
+    """
+    import re
+
+    from asyncflow import datasets
+    from asyncflow.diagnostics import error
+    from asyncflow.dsl.loc import SOURCES, SourceLoc
+
     if not plan.data:
         raise RunError("the plan has no data source")
     src = plan.data[0]
     s = src.source
-    if s.endswith((".jsonl", ".json")):
-        with open(s) as f:
-            rows = [json.loads(line) for line in f if line.strip()] if s.endswith(".jsonl") \
-                else json.load(f)
-    elif s.endswith(".parquet"):
-        import pandas as pd  # optional
-
-        rows = pd.read_parquet(s).to_dict("records")
-    else:
-        rows = list(resolve(s)(**(src.args or {})))
+    here = SourceLoc(plan.source_file or "<plan>", 1, 1)
+    try:
+        if s.endswith((".jsonl", ".json", ".parquet")):
+            path = s
+            if not os.path.isabs(s):
+                beside = os.path.join(os.path.dirname(plan.source_file or ""), s)
+                path = beside if os.path.exists(beside) else s
+            if s.endswith(".jsonl"):
+                rows = datasets.jsonl(path)
+            elif s.endswith(".parquet"):
+                rows = datasets.parquet(path)
+            else:
+                with open(path) as f:
+                    rows = json.load(f)
+        else:
+            rows = list(resolve(s)(**(src.args or {})))
+    except (OSError, ValueError, ImportError, TypeError) as e:
+        reason = str(e)
+        m = re.match(r"^(.+?):(\d+): (.*)$", reason)
+        loc = here
+        if m:  # the loader named the file and line: point there, with the line quoted
+            loc = SourceLoc(m.group(1), int(m.group(2)), 1)
+            try:
+                SOURCES.add(m.group(1), open(m.group(1)).read())
+            except OSError:
+                pass
+            reason = m.group(3)
+        raise error("AF601", loc, name=src.name, source=s, reason=reason) from None
     if not rows:
-        raise RunError(f"data source {src.name!r} ({s}) gave no rows")
+        raise error("AF602", here, name=src.name, source=s)
     fields = src.fields or list(rows[0])
-    return [{f: r.get(f) for f in fields} for r in rows]
+    for i, r in enumerate(rows):
+        missing = next((f for f in fields if f not in r), None)
+        if missing is not None:
+            raise error("AF603", here, name=src.name, source=s, row=i, field=missing)
+    return [{f: r[f] for f in fields} for r in rows]
 
 
 class Driver:
