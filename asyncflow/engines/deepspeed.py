@@ -1,0 +1,270 @@
+"""The ``deepspeed`` engine: the ``hf`` engine's model, batches and losses, trained through
+``deepspeed.initialize`` with ZeRO stage 1 or 2, data-parallel over the task's replicas.
+
+``DeepSpeedEngine(spec)`` is an :class:`~asyncflow.engines.hf.HFEngine` whose ``train`` kind
+replaces the torch optimiser loop with a DeepSpeed engine; the model building, the packed
+layout (:mod:`asyncflow.engines.torch_common`), the micro-batch loss (``HFEngine._micro_loss``,
+which calls :func:`asyncflow.algos.compute_loss`) and ``export_weights`` are the hf engine's.
+As a scorer (``kind: logprob | value``) it *is* the hf engine: DeepSpeed adds nothing to a
+forward pass without gradients on one device.
+
+Task args it reads, besides the hf engine's (``lr``, ``betas``, ``weight_decay``,
+``adam_eps``, ``micro_batch``, ``max_grad_norm``, ``threads``, loss settings):
+
+=================  ==============  =============================================================
+arg                default         meaning
+=================  ==============  =============================================================
+``zero_stage``     1               ZeRO stage: 1 (optimizer states partitioned) or 2 (+ grads)
+``master_addr``    127.0.0.1       rendezvous host of the data-parallel group (replica 0's)
+``master_port``    a free port     rendezvous port; with ``replicas > 1`` every replica must
+                   (1 replica),    get the same one (``spec.extra["master_port"]`` also works)
+                   29500
+``dist_backend``   the             ``gloo`` on CPU, ``nccl`` on GPU
+                   accelerator's
+``dist_timeout``   600             seconds a collective may wait for the other replicas
+``ds_config``      {}              merged over the generated DeepSpeed config (expert use)
+=================  ==============  =============================================================
+
+**Data parallelism.** Replica ``spec.replica`` of ``spec.replicas`` is rank ``replica`` of a
+``replicas``-rank process group (the engine sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT`` so no launcher is needed). Every replica calls ``train_step``
+once per step with its own rows. The replicas first agree on the step's normalizer (tokens for
+token-mean losses, sequences otherwise) and its number of micro-batches; each micro-batch loss
+is divided by the *global* normalizer and multiplied by the world size (DeepSpeed averages
+gradients over ranks), so the update equals one replica's on the whole global batch, whatever
+the split. A replica with fewer micro-batches runs zero-loss ones so the collectives line up.
+Metrics are the global step's (identical on every replica).
+
+**Gradient accumulation.** One DeepSpeed step per ``train_step``: the accumulation boundary is
+set by hand (``set_gradient_accumulation_boundary``) on the last micro-batch, so a step may have
+any number of micro-batches (``gradient_accumulation_steps`` stays 1). Clipping is DeepSpeed's
+(``gradient_clipping`` = ``max_grad_norm``, on the global norm); the optimiser is
+``torch.optim.AdamW``, which ZeRO shards.
+
+**Checkpoints.** ``save(dir)`` writes the model as a local HF directory (replica 0; usable as a
+model ``init``) and a DeepSpeed checkpoint under ``dir/deepspeed`` (every replica writes its
+optimizer shard, so every replica must call it); ``load(dir)`` reads the latter back.
+
+**On CPU** DeepSpeed uses its cpu accelerator and ``gloo``. Its first process group on a machine
+JIT-builds DeepSpeed's shared-memory comm op (about a minute on 2 cores, then cached under
+``~/.cache/torch_extensions``; skipped where there is no C++ compiler).
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import functools
+import os
+import socket
+
+import torch
+
+from asyncflow.algos import loss_aggregation
+from asyncflow.engines import torch_common as tc
+from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.hf import _SUMMED, HFEngine
+
+CKPT_TAG = "deepspeed"
+DEFAULT_PORT = 29500
+
+
+class _Net(torch.nn.Module):
+    """What DeepSpeed wraps: the causal LM (and value head), forwarded by the hf engine's
+    ``_forward`` so the numbers are the hf engine's."""
+
+    def __init__(self, owner: HFEngine):
+        super().__init__()
+        self.model = owner.model
+        if owner.value_head is not None:
+            self.value_head = owner.value_head
+        self._forward = functools.partial(HFEngine._forward, owner)
+
+    def forward(self, packed: tc.Packed) -> torch.Tensor:
+        return self._forward(packed)
+
+
+class DeepSpeedEngine(HFEngine):
+    """A trainer through DeepSpeed ZeRO 1/2; a scorer as the hf engine (module docstring)."""
+
+    def __init__(self, spec: EngineSpec):
+        self.ds = None  # the deepspeed engine (train kind only)
+        super().__init__(spec)
+
+    # ------------------------------------------------------------------ setup
+
+    def _build_trainer(self) -> None:
+        import deepspeed
+
+        super()._build_trainer()  # loss settings, dropout off, AdamW over the parameters
+        a = self.args
+        stage = int(a.get("zero_stage", 1))
+        if stage not in (1, 2):
+            raise ValueError(f"task {self.spec.task!r}: zero_stage must be 1 or 2, not {stage}")
+        self.world, self.rank = _init_distributed(self.spec, a)
+        config = {
+            "train_micro_batch_size_per_gpu": max(self.micro_batch, 1),
+            "gradient_accumulation_steps": 1,  # the boundary is set by hand (module docstring)
+            "gradient_clipping": float(self.max_grad_norm) if self.max_grad_norm else 0.0,
+            "zero_optimization": {"stage": stage, "overlap_comm": False},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        _merge(config, a.get("ds_config") or {})
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(
+            model=_Net(self), optimizer=self.optimizer, config=config,
+            dist_init_required=False)
+
+    # ------------------------------------------------------------------ Trainer
+
+    def _forward(self, packed: tc.Packed):
+        if self.ds is not None and torch.is_grad_enabled():
+            return self.ds(packed)  # through DeepSpeed: its backward hooks need its forward
+        return super()._forward(packed)
+
+    def train_step(self, batch: Columns) -> dict[str, float]:
+        """One DeepSpeed step on this replica's rows of the global batch (module docstring).
+        Metrics as the hf engine's, of the global step."""
+        if self.ds is None:
+            raise RuntimeError(f"task {self.spec.task!r} is not a train task")
+        prompts, resps = self._pairs(batch)
+        n = len(resps)
+        chunks = [list(rows) for rows in self._chunks(n)
+                  if any(resps[i] for i in rows)]  # micro-batches with tokens
+        local_tokens = sum(len(r) for r in resps)
+        token_mean = loss_aggregation(self.loss_name, self.loss_cfg) == "token_mean"
+        local_norm = local_tokens if token_mean else sum(1 for r in resps if r)
+        normalizer, total_tokens, rows, steps = self._agree(
+            [local_norm, local_tokens, n], len(chunks))
+        if steps == 0:  # no replica has a token: no update (as the hf engine), same version
+            self.version += 1
+            return {"loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "tokens": 0.0,
+                    "rows": float(rows), "version": float(self.version)}
+        sums: dict[str, float] = {}
+        for i in range(steps):
+            self.ds.set_gradient_accumulation_boundary(i == steps - 1)
+            if i >= len(chunks):
+                self._zero_backward()
+                continue
+            rows_i = chunks[i]
+            packed = tc.pack([prompts[j] for j in rows_i], [resps[j] for j in rows_i],
+                             self.tokenizer.pad_id)
+            cols = {k: [v[j] for j in rows_i] for k, v in batch.items()}
+            loss, metrics = self._micro_loss(packed, cols, normalizer)
+            # DeepSpeed averages gradients over ranks; the loss is already a global mean
+            self.ds.backward(loss * self.world)
+            mb_tokens = sum(packed.lengths)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * (1 if k in _SUMMED else mb_tokens)
+        self.ds.step()
+        self.version += 1
+        sums = self._sum_over_replicas(sums)
+        result = {k: v if k in _SUMMED else v / max(total_tokens, 1) for k, v in sums.items()}
+        result.setdefault("kl", result.get("kl_ref", result.get("approx_kl", 0.0)))
+        grad_norm = self.ds.get_global_grad_norm()
+        result.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+                      tokens=float(total_tokens), rows=float(rows), version=float(self.version))
+        return result
+
+    def _agree(self, totals: list[float], chunks: int) -> tuple:
+        """(normalizer, tokens, rows) summed over replicas, and the most micro-batches any has."""
+        if self.world == 1:
+            return (*totals, chunks)
+        import torch.distributed as dist
+
+        out: list = [None] * self.world
+        dist.all_gather_object(out, (totals, chunks))
+        summed = [sum(o[0][k] for o in out) for k in range(len(totals))]
+        return (*summed, max(o[1] for o in out))
+
+    def _sum_over_replicas(self, sums: dict[str, float]) -> dict[str, float]:
+        if self.world == 1:
+            return sums
+        import torch.distributed as dist
+
+        out: list = [None] * self.world
+        dist.all_gather_object(out, sums)
+        merged: dict[str, float] = {}
+        for part in out:
+            for k, v in part.items():
+                merged[k] = merged.get(k, 0.0) + v
+        return merged
+
+    def _zero_backward(self) -> None:
+        """A micro-batch that adds nothing: keeps this replica's collectives in step with
+        replicas that have more micro-batches."""
+        bos = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else self.tokenizer.pad_id
+        packed = tc.pack([[bos]], [[self.tokenizer.eos_id]], self.tokenizer.pad_id)
+        self.ds.backward(self._forward(packed).sum() * 0.0)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, directory: str) -> None:
+        """The model as a local HF directory (replica 0) and the DeepSpeed checkpoint (every
+        replica: each writes its optimizer shard)."""
+        if self.ds is None:
+            return super().save(directory)
+        from asyncflow import models
+
+        os.makedirs(directory, exist_ok=True)
+        if self.rank == 0:
+            models.save((self.model, self.tokenizer), directory)
+        self.ds.save_checkpoint(directory, tag=CKPT_TAG, client_state={
+            "version": self.version, "generator": self.generator.get_state()})
+
+    def load(self, directory: str) -> None:
+        if self.ds is None:
+            return super().load(directory)
+        path, client = self.ds.load_checkpoint(directory, tag=CKPT_TAG)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint '{CKPT_TAG}' in {directory}")
+        self.version = int(client["version"])
+        self.generator.set_state(client["generator"])
+
+
+# ---------------------------------------------------------------------- process group
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_distributed(spec: EngineSpec, args: dict) -> tuple[int, int]:
+    """Join (or, for one replica, create) the data-parallel process group; (world, rank)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    world, rank = int(spec.replicas), int(spec.replica)
+    if dist.is_initialized():
+        if dist.get_world_size() != world or dist.get_rank() != rank:
+            raise RuntimeError(
+                f"task {spec.task!r}: this process is already rank {dist.get_rank()} of "
+                f"{dist.get_world_size()}, not replica {rank} of {world}")
+        return world, rank
+    port = args.get("master_port") or spec.extra.get("master_port")
+    if port is None:
+        port = _free_port() if world == 1 else int(os.environ.get("MASTER_PORT", DEFAULT_PORT))
+    addr = (args.get("master_addr") or spec.extra.get("master_addr")
+            or os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(spec.extra.get("local_rank", rank)),
+                      WORLD_SIZE=str(world), MASTER_ADDR=str(addr), MASTER_PORT=str(port))
+    backend = args.get("dist_backend")
+    if backend is None:
+        from deepspeed.accelerator import get_accelerator
+
+        backend = get_accelerator().communication_backend_name()
+    deepspeed.init_distributed(
+        dist_backend=backend, auto_mpi_discovery=False, verbose=False,
+        timeout=datetime.timedelta(seconds=float(args.get("dist_timeout", 600))),
+        rank=rank, world_size=world)
+    return world, rank
+
+
+def _merge(base: dict, extra: dict) -> None:
+    """Deep-merge ``extra`` into ``base``."""
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = copy.deepcopy(v)
