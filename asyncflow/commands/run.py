@@ -19,6 +19,16 @@ def _fmt(x, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _gpu_visible() -> bool:
+    """Whether this machine has a GPU, without importing torch or starting Ray."""
+    import glob
+    import shutil
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or bool(shutil.which("nvidia-smi") and glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
 def register(app: typer.Typer) -> None:
     from asyncflow.cli import SetOpt, err, out
 
@@ -31,7 +41,15 @@ def register(app: typer.Typer) -> None:
             out_dir: Optional[str] = typer.Option(None, "--out", help="run directory (default runs/<pipeline>-<time>)"),
             steps: Optional[int] = typer.Option(None, "--steps", min=1, help="train steps (overrides step.steps)"),
             lease_s: float = typer.Option(60.0, "--lease-s", help="seconds before an unacked lease is re-issued"),
-            quiet: bool = typer.Option(False, "--quiet", help="no progress bar")) -> None:
+            quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+            checkpoint_every: Optional[int] = typer.Option(
+                None, "--checkpoint-every", min=1,
+                help="checkpoint every K train steps into RUN_DIR/checkpoints/step_N (default off)"),
+            resume: Optional[str] = typer.Option(
+                None, "--resume", help="continue RUN_DIR from its newest complete checkpoint"),
+            device_kind: str = typer.Option(
+                "auto", "--device-kind",
+                help="what a pool device is: gpu | cpu (a CPU slot) | auto (GPU only where one is visible)")) -> None:
         """Compile and run a pipeline; write RUN_DIR/{plan.json,metrics.jsonl,trace.json}."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
@@ -41,9 +59,13 @@ def register(app: typer.Typer) -> None:
 
         if backend not in ("ray", "local"):
             raise typer.BadParameter(f"--backend must be ray or local, not {backend!r}")
-        plan = compile_file(file, sets=tuple(set_ or ()))  # UserError -> exit 2, located
+        if device_kind not in ("auto", "gpu", "cpu"):
+            raise typer.BadParameter(f"--device-kind must be auto, gpu or cpu, not {device_kind!r}")
+        if device_kind == "auto" and address is None and not _gpu_visible():
+            device_kind = "cpu"  # a GPU bundle could never be placed on this machine
+        plan = compile_file(file, sets=tuple(set_ or ()), device_kind=device_kind)  # UserError -> exit 2
         total = steps or plan.step.steps
-        run_dir = out_dir or os.path.join("runs", f"{plan.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir = resume or out_dir or os.path.join("runs", f"{plan.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                             TextColumn("{task.completed}/{task.total}"),
                             TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
@@ -57,7 +79,8 @@ def register(app: typer.Typer) -> None:
             progress.update(bar, completed=m["step"] + 1, info=info)
 
         driver = Driver(plan, backend, out_dir=run_dir, steps=steps, address=address,
-                        lease_s=lease_s, on_step=on_step)
+                        lease_s=lease_s, on_step=on_step, checkpoint_every=checkpoint_every,
+                        resume=resume is not None)
         interrupted = False
 
         def on_term(signum, frame):  # `kill`, `timeout`, a scheduler: stop as cleanly as Ctrl-C
