@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from asyncflow.runtime.store import SNAPSHOT_FORMAT, Lease, SampleStore, StoreError, _take
+from asyncflow.runtime.store import SNAPSHOT_FORMAT, Lease, SampleStore, StoreError, _take, check_new_rows
 
 _BITS = 40
 _MASK = (1 << _BITS) - 1
@@ -569,16 +569,7 @@ class RayStore:
         """Append rows; a group's rows must be adjacent here (module docstring). Returns indices.
         One call (to shard 0, which allocates the rows and keeps the data)."""
         k = len(groups)
-        columns = dict(columns)
-        if versions is None and "_version" in columns:
-            versions = columns.pop("_version")
-        for f, v in columns.items():
-            if f in ("_row", "_group"):
-                raise StoreError(f"{f} is set by the store")
-            if len(v) != k:
-                raise StoreError(f"column {f!r} has {len(v)} values for {k} rows")
-        if versions is not None and len(versions) != k:
-            raise StoreError(f"versions has {len(versions)} values for {k} rows")
+        columns, versions = check_new_rows(columns, groups, versions)
         if k == 0:
             return []
         g = np.asarray(groups, np.int64)

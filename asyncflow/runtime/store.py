@@ -54,6 +54,23 @@ _UNSET = -1  # _version of a row nobody has stamped yet
 class StoreError(AsyncflowError):
     """Misuse of the sample store: unknown task or row, a field written twice, bad shapes."""
 
+def check_new_rows(columns: dict, groups: list[int], versions: list[int] | None):
+    """``add_rows``' arguments checked (every store backend shares this): a copy of ``columns``
+    without ``_version`` (moved to ``versions``); bookkeeping columns may not be given."""
+    k = len(groups)
+    columns = dict(columns)
+    if versions is None and "_version" in columns:
+        versions = columns.pop("_version")
+    for f, v in columns.items():
+        if f in ("_row", "_group"):
+            raise StoreError(f"{f} is set by the store")
+        if len(v) != k:
+            raise StoreError(f"column {f!r} has {len(v)} values for {k} rows")
+    if versions is not None and len(versions) != k:
+        raise StoreError(f"versions has {len(versions)} values for {k} rows")
+    return columns, versions
+
+
 
 @dataclass
 class Lease:
@@ -212,16 +229,7 @@ class SampleStore:
         ``rows`` (sharded stores): explicit, unused global indices instead of the next ones.
         """
         k = len(groups)
-        columns = dict(columns)
-        if versions is None and "_version" in columns:
-            versions = columns.pop("_version")
-        for f, v in columns.items():
-            if f in ("_row", "_group"):
-                raise StoreError(f"{f} is set by the store")
-            if len(v) != k:
-                raise StoreError(f"column {f!r} has {len(v)} values for {k} rows")
-        if versions is not None and len(versions) != k:
-            raise StoreError(f"versions has {len(versions)} values for {k} rows")
+        columns, versions = check_new_rows(columns, groups, versions)
         with self._cv:
             n = self._n
             if rows is None:
