@@ -126,7 +126,8 @@ class Driver:
     def __init__(self, plan: Plan, backend: str = "local", out_dir: str | None = None,
                  steps: int | None = None, address: str | None = None, lease_s: float = 60.0,
                  options: dict | None = None, on_step: Callable[[dict], Any] | None = None,
-                 poll_s: float = 0.01, shards: int = 2):
+                 poll_s: float = 0.01, shards: int = 2, checkpoint_every: int | None = None,
+                 resume: bool = False):
         plan = copy.deepcopy(plan)
         if steps is not None:
             plan.step.steps = int(steps)
@@ -141,6 +142,12 @@ class Driver:
         self.backend = None
         self.started = False
         self._kill_requests: list[str] = []
+        # checkpoints (asyncflow.runtime.checkpoint): every K train steps into out_dir; resume
+        # continues out_dir from its newest complete checkpoint
+        self.checkpoint_every = int(checkpoint_every or 0) or None
+        self.resume = bool(resume)
+        if (self.checkpoint_every or self.resume) and not out_dir:
+            raise RunError("checkpoints and --resume need a run directory (out_dir)")
 
     # -- public --------------------------------------------------------------------------------
     def kill(self, worker_id: str) -> None:
@@ -151,6 +158,14 @@ class Driver:
         plan = self.plan
         st = plan.step
         prompts = load_prompts(plan)
+        from asyncflow.runtime import checkpoint as ckpt
+
+        resumed = ckpt.prepare_resume(self.out_dir, st.samples_per_step) if self.resume else None
+        start = resumed["version"] if resumed else 0
+        if start:
+            self.options.update(start_step=start, resume_dir=resumed["dir"])
+        if self.checkpoint_every:
+            self.options.update(checkpoint_every=self.checkpoint_every, run_dir=self.out_dir)
         if self.out_dir:
             os.makedirs(self.out_dir, exist_ok=True)
             with open(os.path.join(self.out_dir, "plan.json"), "w") as f:
@@ -158,6 +173,8 @@ class Driver:
         self.backend = be = make_backend(self.backend_name, **self.backend_kw)
         store = be.make_store(plan)
         self.store = store
+        if start:  # rows of steps < start were trained before the checkpoint
+            ckpt.start_rows_at(store, start * st.samples_per_step)
         for t in plan.tasks:
             store.register_task(t.name, list(t.inputs))
         worker_ctl, ctl = be.make_control()
@@ -168,13 +185,16 @@ class Driver:
         t0 = time.time()
         self.t0 = t0
         metrics = MetricsLog(os.path.join(self.out_dir, "metrics.jsonl") if self.out_dir else None)
+        for row in (resumed["metrics"] if resumed else []):
+            metrics.append(row)
+        train_rows = ckpt.TrainRowsLog(self.out_dir, resumed["train_rows"] if resumed else None)
         pools = {w.id: (w.pool or "cpu") for w in plan.workers}
         spans: list = []
         rewards: dict[int, float] = {}
         drops: dict[str, int] = {}
-        done: dict[str, int] = {t: 0 for t in trainers}
+        done: dict[str, int] = {t: start for t in trainers}
         pending_reports: dict[int, dict] = {}  # step -> {task: report}
-        fed = 0  # steps fed so far
+        fed = start  # steps fed so far
         interrupted = False
         last = {"t": t0, "busy": {}, "exposed": {}, "drops": 0}
         try:
@@ -183,7 +203,7 @@ class Driver:
             self.started = True
             self._wait_ready(ctl, be)
             last["t"] = self.ready = time.time()  # step 0's clock starts when rows can flow
-            fed = self._feed(store, prompts, fed, min(st.steps, alpha + 2))
+            fed = self._feed(store, prompts, fed, min(st.steps, start + alpha + 2))
             last_expire = time.time()
             while True:
                 for wid in self._kill_requests[:]:
@@ -209,6 +229,13 @@ class Driver:
                     del pending_reports[s]
                     row = self._metrics(s, reps, primary, c, last, rewards, drops, store, pools, t0)
                     metrics.append(row)
+                    for task in trainers:
+                        train_rows.append(s, task, reps[task]["rows"])
+                    if any(r.get("checkpoint") for r in reps.values()):
+                        ckpt.close(self.out_dir, s + 1, steps=st.steps, fed=fed,
+                                   prompts_per_step=st.prompts_per_step,
+                                   samples_per_step=st.samples_per_step, metrics=metrics.rows,
+                                   train_rows=train_rows.rows, store=store)
                     if self.on_step:
                         self.on_step(row)
                 version = min(done.values()) if done else st.steps
@@ -246,6 +273,7 @@ class Driver:
             except Exception:
                 pass
             metrics.close()
+            train_rows.close()
             if self.out_dir:
                 write_trace(os.path.join(self.out_dir, "trace.json"), spans, t0, pools)
             self.result = result

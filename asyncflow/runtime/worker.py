@@ -181,6 +181,10 @@ class Worker:
             cls = load_engine_class(self.task.engine)
             self.engine = cls(engine_spec(self.plan, self.task, self.wp.replica))
             self.compute = None
+            if self.task.kind == "train" and self.opt.get("resume_dir"):  # --resume
+                from asyncflow.runtime import checkpoint
+
+                self.engine.load(checkpoint.engine_dir(self.opt["resume_dir"], self.id))
         else:
             self.compute = runner_for(self.task)
         if self.models_in:
@@ -320,7 +324,7 @@ class Worker:
     def _steps(self) -> None:
         """Step granularity (e.g. a batch-scope advantage): replica r takes steps r, r+R, ..."""
         sps = self.st.samples_per_step
-        step = self.wp.replica
+        step = int(self.opt.get("start_step", 0)) + self.wp.replica  # resumed: from the cursor
         while step < self.st.steps and not self._sync():
             lo, hi = step * sps, (step + 1) * sps
             alive = sps - self.control.dropped_rows(lo, hi)
@@ -390,6 +394,9 @@ class Worker:
         fields = list(self.task.inputs) + extra if extra else None
         step = int(self.opt.get("start_step", 0))
         timeout = float(self.opt.get("train_read_timeout_s", 0.05))
+        if step and publishes and model:  # resumed: rollouts start from the checkpoint's weights
+            publish(self.engine, model, step, self.use_ray, self.control.publish)
+        ckpt_every, run_dir = self.opt.get("checkpoint_every"), self.opt.get("run_dir")
         while step < steps:
             if self._sync():
                 return
@@ -433,7 +440,13 @@ class Worker:
                 tp = time.time()
                 exposed = publish(self.engine, model, step + 1, self.use_ray, self.control.publish)
                 self.rec.span("PUBLISH", 0, tp, version=step + 1, step=step)
-            self.control.report_step(self.task.name, {
+            ckpt = None
+            if run_dir and ckpt_every:
+                from asyncflow.runtime import checkpoint
+
+                if checkpoint.wanted(ckpt_every, step + 1, steps):  # before step + 1 starts
+                    ckpt = checkpoint.save_engine(self.engine, run_dir, step + 1, self.id)
+            self.control.report_step(self.task.name, {"checkpoint": ckpt,
                 "step": step, "version": step + 1, "end": time.time(), "rows": rows,
                 "staleness": staleness, "rewards": rewards, "metrics": _plain_metrics(metrics),
                 "publish_s": exposed, "compute_s": end - t})
