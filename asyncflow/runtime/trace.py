@@ -152,12 +152,15 @@ def _clean(x):
 
 
 class MetricsLog:
-    """RUN_DIR/metrics.jsonl: appended and flushed one line per step."""
+    """RUN_DIR/metrics.jsonl: appended and flushed one line per step; also TensorBoard event
+    files in RUN_DIR/tensorboard/ when ``tensorboard`` (and torch) are installed."""
 
-    def __init__(self, path: str | None):
+    def __init__(self, path: str | None, tensorboard: bool = True):
         self.path = path
         self.rows: list[dict] = []
         self._f = open(path, "w") if path else None
+        self._tb = _tensorboard_writer(os.path.join(os.path.dirname(path), "tensorboard")) \
+            if path and tensorboard else None
 
     def append(self, row: dict) -> None:
         row = _clean(row)
@@ -165,11 +168,43 @@ class MetricsLog:
         if self._f:
             self._f.write(json.dumps(row) + "\n")
             self._f.flush()
+        if self._tb is not None and isinstance(row.get("step"), int):
+            for key, value in _scalars(row):
+                self._tb.add_scalar(key, value, row["step"])
+            self._tb.flush()
 
     def close(self) -> None:
         if self._f:
             self._f.close()
             self._f = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _tensorboard_writer(directory: str):
+    """A SummaryWriter, or None where tensorboard is not installed (it is optional)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None or importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # a broken optional install must not stop a run
+        return None
+    return SummaryWriter(directory)
+
+
+def _scalars(row: dict, prefix: str = ""):
+    """(name, number) pairs of a metrics row; nested maps become ``utilization/rollout``."""
+    for k, v in row.items():
+        if k == "step":
+            continue
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _scalars(v, name + "/")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            yield name, v
 
 
 def mean_std(xs) -> tuple[float | None, float | None]:
