@@ -4,7 +4,9 @@ Writes ``RUN_DIR`` (``--out``, default ``runs/<pipeline>-<time>``): ``plan.json`
 ``metrics.jsonl`` (one line per train step) and ``trace.json`` (Chrome trace; open it in
 Perfetto or draw it with ``asyncflow viz``). Shows a progress bar (step, samples/s, reward,
 staleness) and a summary table. Ctrl-C stops the workers, keeps the partial trace and metrics,
-and exits 130; a mistake in the file exits 2 with located diagnostics.
+and exits 130; a mistake in the file exits 2 with located diagnostics. ``--checkpoint-every K``
+writes ``RUN_DIR/checkpoints/step_N`` every K steps; ``--resume RUN_DIR`` continues a killed run
+from its newest complete checkpoint (:mod:`asyncflow.runtime.checkpoint`).
 """
 from __future__ import annotations
 

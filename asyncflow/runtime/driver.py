@@ -14,6 +14,11 @@ What it does, top to bottom (:meth:`Driver.run`):
 6. when every train task has done its last step (or, without one, every row is consumed), stop
    the workers, write ``trace.json`` and return a :class:`RunResult`.
 
+With ``checkpoint_every`` K, every K train steps go to ``RUN_DIR/checkpoints/step_N``;
+``resume=True`` continues ``RUN_DIR`` from its newest complete one
+(:mod:`asyncflow.runtime.checkpoint`; rows of later steps are regenerated). Every train step's
+rows go to ``RUN_DIR/train_rows.jsonl``.
+
 A KeyboardInterrupt stops the workers the same way, writes the partial trace and metrics, and
 propagates. ``RUN_DIR`` (``out_dir``) receives ``plan.json``, ``metrics.jsonl``, ``trace.json``.
 """
@@ -163,9 +168,10 @@ class Driver:
         resumed = ckpt.prepare_resume(self.out_dir, st.samples_per_step) if self.resume else None
         start = resumed["version"] if resumed else 0
         if start:
-            self.options.update(start_step=start, resume_dir=resumed["dir"])
-        if self.checkpoint_every:
-            self.options.update(checkpoint_every=self.checkpoint_every, run_dir=self.out_dir)
+            self.options.update(start_step=start, resume_dir=os.path.abspath(resumed["dir"]))
+        if self.checkpoint_every:  # absolute: Ray workers need not share our cwd
+            self.options.update(checkpoint_every=self.checkpoint_every,
+                                run_dir=os.path.abspath(self.out_dir))
         if self.out_dir:
             os.makedirs(self.out_dir, exist_ok=True)
             with open(os.path.join(self.out_dir, "plan.json"), "w") as f:
