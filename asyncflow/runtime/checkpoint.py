@@ -1,0 +1,240 @@
+"""Periodic checkpoints and ``asyncflow run FILE --resume RUN_DIR``.
+
+Layout (every ``K`` train steps, ``--checkpoint-every K``; off by default)::
+
+    RUN_DIR/checkpoints/step_N/          N = train steps done = policy version
+        engines/<train task>/            the trainer engine's ``save`` (model + optimizer + RNG)
+        state.json                       version N, data cursor, steps, plan step settings
+        metrics.jsonl, train_rows.jsonl  the run's records of steps 0 .. N-1
+        store.pkl                        ``store.snapshot()`` taken when the checkpoint closed
+
+A checkpoint is written into ``checkpoints/.tmp-step_N`` (the trainer saves its engine there
+right after train step ``N - 1``, before it starts step ``N``; the driver adds the rest once
+every trainer has reported step ``N - 1``) and becomes ``step_N`` by one ``os.rename``, after
+``state.json`` -- the completeness marker -- is written and fsynced. A kill at any moment leaves
+either a complete ``step_N`` or a ``.tmp-`` directory that resume deletes.
+
+Resume semantics (DESIGN.md, "Exactly once"): **in-flight rollouts are regenerated and
+counted**, not restored. Resuming from ``step_N``:
+
+- the trainer loads its engine from the checkpoint (version ``N``, optimizer state) and
+  publishes version ``N`` before training, so rollouts start from exactly those weights;
+- the data cursor is ``N * prompts_per_step``: the store starts empty, numbering rows from
+  ``N * samples_per_step``, and is fed steps ``N, N+1, ...`` again -- so every row of steps
+  ``< N`` was trained exactly once (before the checkpoint) and every row of steps ``>= N`` is
+  generated and trained exactly once by the resumed run;
+- work done after the checkpoint by the killed run (rollouts of later steps, and train steps
+  ``>= N`` whose weights the checkpoint does not hold) is discarded: ``RUN_DIR/resume.jsonl``
+  records how much (``discarded_steps``: train steps recorded after the checkpoint;
+  ``regenerated_rows``: rows of steps ``>= N`` a rollout had already generated when the
+  checkpoint closed -- a lower bound, the killed run may have generated more before it died);
+- ``metrics.jsonl`` and ``train_rows.jsonl`` are rewritten to the checkpoint's copy (steps
+  ``< N``) and continued, so each step appears once.
+
+Not restored: a rollout's sampling RNG (the resumed run samples other responses than an
+uninterrupted one would) and the frozen models (rebuilt from their ``init``). ``train_rows.jsonl``
+holds one line per (train step, train task): ``{"step", "task", "rows"}``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import time
+
+CKPT_DIR = "checkpoints"
+TMP_PREFIX = ".tmp-step_"
+STATE_FILE = "state.json"
+TRAIN_ROWS = "train_rows.jsonl"
+RESUME_LOG = "resume.jsonl"
+_STEP = re.compile(r"^step_(\d+)$")
+
+
+def root(run_dir: str) -> str:
+    return os.path.join(run_dir, CKPT_DIR)
+
+
+def tmp_dir(run_dir: str, version: int) -> str:
+    return os.path.join(root(run_dir), f"{TMP_PREFIX}{int(version)}")
+
+
+def engine_dir(ckpt: str, task: str) -> str:
+    return os.path.join(ckpt, "engines", task.replace("/", "_"))
+
+
+def wanted(every: int | None, version: int, steps: int) -> bool:
+    """Is a checkpoint due after the train step that produced ``version``? (Not after the last
+    step: the run is over.)"""
+    return bool(every) and version % int(every) == 0 and version < steps
+
+
+# ------------------------------------------------------------------ trainer side (worker)
+def save_engine(engine, run_dir: str, version: int, task: str) -> str:
+    """The trainer's part: ``engine.save`` into the open checkpoint of ``version``."""
+    d = engine_dir(tmp_dir(run_dir, version), task)
+    if os.path.exists(d):
+        shutil.rmtree(d)
+    engine.save(d)
+    return d
+
+
+# ------------------------------------------------------------------ driver side
+def close(run_dir: str, version: int, *, steps: int, fed: int, prompts_per_step: int,
+          samples_per_step: int, metrics: list[dict], train_rows: list[dict], store) -> str:
+    """The driver's part: add state, records and the store snapshot, then rename atomically."""
+    tmp = tmp_dir(run_dir, version)
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        snap = store.snapshot()
+    except Exception as e:  # the checkpoint does not depend on it (rollouts are regenerated)
+        snap = {"error": repr(e)}
+    with open(os.path.join(tmp, "store.pkl"), "wb") as f:
+        pickle.dump(snap, f)
+    _write_jsonl(os.path.join(tmp, "metrics.jsonl"), [m for m in metrics if m["step"] < version])
+    _write_jsonl(os.path.join(tmp, TRAIN_ROWS), [r for r in train_rows if r["step"] < version])
+    state = {"version": int(version), "steps_done": int(version), "steps": int(steps),
+             "cursor_prompt": int(version) * int(prompts_per_step),
+             "first_row": int(version) * int(samples_per_step), "fed_steps": int(fed),
+             "time": time.time()}
+    _write_json(os.path.join(tmp, STATE_FILE), state)
+    final = os.path.join(root(run_dir), f"step_{int(version)}")
+    if os.path.exists(final):  # a resumed run passing the same step again
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root(run_dir))
+    return final
+
+
+def latest(run_dir: str) -> str | None:
+    """The newest complete checkpoint of ``run_dir`` (``None`` when there is none)."""
+    best = None
+    r = root(run_dir)
+    if not os.path.isdir(r):
+        return None
+    for name in os.listdir(r):
+        m = _STEP.match(name)
+        if m and os.path.exists(os.path.join(r, name, STATE_FILE)):
+            if best is None or int(m.group(1)) > best[0]:
+                best = (int(m.group(1)), os.path.join(r, name))
+    return best[1] if best else None
+
+
+def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
+    """Pick the newest complete checkpoint, drop unfinished ones, log what is discarded.
+
+    Returns ``{"dir", "version", "metrics", "train_rows"}`` or ``None`` (nothing to resume)."""
+    r = root(run_dir)
+    if os.path.isdir(r):
+        for name in os.listdir(r):
+            if name.startswith(TMP_PREFIX):
+                shutil.rmtree(os.path.join(r, name), ignore_errors=True)
+    ck = latest(run_dir)
+    if ck is None:
+        return None
+    with open(os.path.join(ck, STATE_FILE)) as f:
+        state = json.load(f)
+    version = int(state["version"])
+    metrics = _read_jsonl(os.path.join(ck, "metrics.jsonl"))
+    rows = _read_jsonl(os.path.join(ck, TRAIN_ROWS))
+    seen = _read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    discarded = sorted({int(m["step"]) for m in seen if int(m.get("step", -1)) >= version})
+    regenerated = 0
+    try:
+        with open(os.path.join(ck, "store.pkl"), "rb") as f:
+            snap = pickle.load(f)
+        first = version * int(samples_per_step)
+        # a row some rollout had generated (it carries ``_version``) past the checkpoint
+        for part in snap.get("shards") or [snap]:
+            regenerated += sum(1 for r, v in zip(part.get("rows", ()), part.get("versions", ()))
+                               if r >= first and v is not None)
+    except Exception:
+        pass
+    with open(os.path.join(run_dir, RESUME_LOG), "a") as f:
+        f.write(json.dumps({"time": time.time(), "checkpoint": os.path.basename(ck),
+                            "version": version, "discarded_steps": discarded,
+                            "regenerated_rows": regenerated}) + "\n")
+    _write_jsonl(os.path.join(run_dir, TRAIN_ROWS), rows)
+    return {"dir": ck, "version": version, "metrics": metrics, "train_rows": rows}
+
+
+def start_rows_at(store, first_row: int) -> None:
+    """Make an empty store number its next rows from ``first_row`` (local or Ray store)."""
+    shards = getattr(store, "_shards", None)
+    if shards is not None:
+        import ray
+
+        ray.get(shards[0].next_row.remote(int(first_row)))
+        return
+    with store._cv:
+        store._next_row = max(store._next_row, int(first_row))
+
+
+class TrainRowsLog:
+    """``RUN_DIR/train_rows.jsonl``: the rows of every train step, appended as steps finish."""
+
+    def __init__(self, run_dir: str | None, rows: list[dict] | None = None):
+        self.rows: list[dict] = list(rows or [])
+        self._f = None
+        if run_dir:
+            self._f = open(os.path.join(run_dir, TRAIN_ROWS), "a" if rows is not None else "w")
+
+    def append(self, step: int, task: str, rows: list[int]) -> None:
+        rec = {"step": int(step), "task": task, "rows": [int(x) for x in rows]}
+        self.rows.append(rec)
+        if self._f:
+            self._f.write(json.dumps(rec) + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+# ------------------------------------------------------------------ helpers
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_jsonl(path: str, rows: list[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by the kill
+                pass
+    return out
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
