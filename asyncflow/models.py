@@ -20,6 +20,8 @@ torch and transformers are imported inside functions only: ``asyncflow check`` r
 """
 from __future__ import annotations
 
+import threading
+
 import json
 import os
 import string
@@ -95,6 +97,8 @@ class HFTokenizer:
         self.tok.save_pretrained(directory)
 
 
+_BUILD_LOCK = threading.RLock()  # one model build at a time per process (tiny_decoder)
+
 def tiny_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int | None = None,
                  max_len: int = 128, seed: int = 0, intermediate: int | None = None,
                  kv_heads: int | None = None, attn: str = "sdpa", **kw) -> Loaded:
@@ -104,7 +108,18 @@ def tiny_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int |
     ``4 * hidden``); ``vocab`` defaults to the tokenizer's size; ``max_len`` is the longest
     prompt + response; ``seed`` makes the initial weights reproducible (the global torch RNG is
     left untouched). Extra ``kw`` go to ``Qwen2Config``. Embeddings are tied.
-    layers=2, hidden=128 has about 0.55M parameters."""
+    layers=2, hidden=128 has about 0.55M parameters.
+
+    Thread-safe: engines of one process (``--backend local``) are built concurrently, and both
+    transformers' lazy imports and the seeded draws from torch's process-wide generator must not
+    interleave (they did: different initial weights per run, and ImportErrors at start-up)."""
+    with _BUILD_LOCK:
+        return _tiny_decoder(layers, hidden, heads, vocab, max_len, seed, intermediate, kv_heads,
+                             attn, **kw)
+
+
+def _tiny_decoder(layers, hidden, heads, vocab, max_len, seed, intermediate, kv_heads, attn,
+                  **kw) -> Loaded:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

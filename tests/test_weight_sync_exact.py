@@ -17,7 +17,6 @@ each step's loss and the rollouts' responses.
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
@@ -41,39 +40,6 @@ SETS = [
     # would leave the weights (and this test) untouched
     "tasks.score.args.partial=true",
 ]
-
-
-def _preimport():
-    """Import transformers' model classes once, on this thread, before the worker threads do:
-    three worker threads importing ``Qwen2Config`` at once through transformers' lazy module
-    raced (``ImportError: cannot import name 'Qwen2Config'``) -- a local-backend start-up bug
-    reported to the lead, not what this test is about."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: F401
-
-
-_INIT_LOCK = threading.Lock()
-
-
-@pytest.fixture
-def serial_model_init(monkeypatch):
-    """Serialise ``asyncflow.models.tiny_decoder`` across threads.
-
-    Found by this test: on the local backend every worker thread builds its engine at the same
-    time, and ``tiny_decoder`` seeds the *process-global* torch RNG (``fork_rng`` +
-    ``manual_seed``) around ``Qwen2ForCausalLM(config)``. Two threads interleave their draws, so
-    the initial weights of generate / ref / update differ from run to run (seen: ``kl_ref`` of
-    step 0 = 0.008 instead of 0, rollout log-probs 0.2 away from the reference's for the same
-    tokens). The fix belongs in ``asyncflow/models.py`` (a module lock around the seeded init);
-    until then this fixture applies it from outside."""
-    from asyncflow import models
-
-    orig = models.tiny_decoder
-
-    def locked(*a, **kw):
-        with _INIT_LOCK:
-            return orig(*a, **kw)
-
-    monkeypatch.setattr(models, "tiny_decoder", locked)
 
 
 def _plan():
@@ -120,8 +86,9 @@ def _worker(driver, task):
 
 
 @pytest.mark.engine
-def test_alpha0_weight_sync_is_bit_identical_to_sync_loop(serial_model_init):
-    _preimport()
+def test_alpha0_weight_sync_is_bit_identical_to_sync_loop():
+    # engines are built concurrently by the worker threads: asyncflow.models serialises the
+    # seeded model builds and transformers' lazy imports (without that, this test failed)
     plan = _plan()
     assert plan.sync[0].max_staleness == 0
     driver = Driver(plan, "local")
