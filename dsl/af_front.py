@@ -272,14 +272,18 @@ class ToTree(Transformer):
             self.merge(s.body, part)
         return s
 
-    def step_stmt(self, meta, c):
-        s = self.stmt(meta, c[0])
-        for part in c[1:]:
+    def absorb(self, body: Map, parts) -> None:
+        """Fold a statement's settings into its body: ``{ k=v }`` maps and loose ``k=v`` pairs."""
+        for part in parts:
             if isinstance(part, Map):
-                self.merge(s.body, part)
+                self.merge(body, part)
             else:
                 for p in part:
-                    self.put(s.body, p.key, p.key_loc, p.value)
+                    self.put(body, p.key, p.key_loc, p.value)
+
+    def step_stmt(self, meta, c):
+        s = self.stmt(meta, c[0])
+        self.absorb(s.body, c[1:])
         return s
 
     def task_stmt(self, meta, c):
@@ -300,12 +304,7 @@ class ToTree(Transformer):
         src, dst = c[1], c[3]
         self.put(s.body, "from", self.tok(src), self.bare(None, [src]))
         self.put(s.body, "to", self.tok(dst), self.bare(None, [dst]))
-        for part in c[4:]:
-            if isinstance(part, Map):
-                self.merge(s.body, part)
-            else:
-                for p in part:
-                    self.put(s.body, p.key, p.key_loc, p.value)
+        self.absorb(s.body, c[4:])
         return s
 
     def start(self, meta, stmts):
