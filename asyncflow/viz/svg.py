@@ -321,14 +321,19 @@ class _CairoPainter:
         else:
             lib.cairo_fill(cr)
 
-    def _polyline(self, lib, cr, s):
-        pts = s["points"]
-        if len(pts) < 2:
-            return
+    @staticmethod
+    def _trace(lib, cr, pts) -> None:
+        """A new cairo path through ``pts``."""
         lib.cairo_new_path(cr)
         lib.cairo_move_to(cr, *pts[0])
         for p in pts[1:]:
             lib.cairo_line_to(cr, *p)
+
+    def _polyline(self, lib, cr, s):
+        pts = s["points"]
+        if len(pts) < 2:
+            return
+        self._trace(lib, cr, pts)
         self._fill(lib, cr, s["stroke"], s["opacity"])
         lib.cairo_set_line_width(cr, s["sw"])
         dash = s["dash"] or ()
@@ -341,10 +346,7 @@ class _CairoPainter:
         pts = s["points"]
         if len(pts) < 3:
             return
-        lib.cairo_new_path(cr)
-        lib.cairo_move_to(cr, *pts[0])
-        for p in pts[1:]:
-            lib.cairo_line_to(cr, *p)
+        self._trace(lib, cr, pts)
         lib.cairo_close_path(cr)
         self._fill(lib, cr, s["fill"], s["opacity"])
         lib.cairo_fill(cr)
