@@ -20,7 +20,8 @@ With ``checkpoint_every`` K, every K train steps go to ``RUN_DIR/checkpoints/ste
 rows go to ``RUN_DIR/train_rows.jsonl``.
 
 A KeyboardInterrupt stops the workers the same way, writes the partial trace and metrics, and
-propagates. ``RUN_DIR`` (``out_dir``) receives ``plan.json``, ``metrics.jsonl``, ``trace.json``.
+propagates. ``RUN_DIR`` (``out_dir``) receives ``plan.json``, ``metrics.jsonl``, ``trace.json`` and
+``workers.json`` (where each worker ran: task, pool, host, pid, Ray node, pinned cores; its end).
 """
 from __future__ import annotations
 
@@ -282,6 +283,9 @@ class Driver:
             train_rows.close()
             if self.out_dir:
                 write_trace(os.path.join(self.out_dir, "trace.json"), spans, t0, pools)
+                if workers:  # where every worker ran, and how it ended
+                    with open(os.path.join(self.out_dir, "workers.json"), "w") as f:
+                        json.dump(workers, f, indent=1, sort_keys=True, default=str)
             self.result = result
             be.shutdown()
         return result

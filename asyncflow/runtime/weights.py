@@ -23,9 +23,10 @@ class WeightBoard:
     """The newest published (version, boxed weights) of every trained model (thread-safe)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._latest: dict[str, tuple[int, list]] = {}
         self.published: list[tuple[str, int, float]] = []  # (model, version, time.time())
+        self._closed = False
 
     def publish(self, model: str, version: int, box: list) -> None:
         with self._lock:
@@ -33,6 +34,26 @@ class WeightBoard:
             if cur is None or version > cur[0]:
                 self._latest[model] = (int(version), box)
             self.published.append((model, int(version), time.time()))
+            self._lock.notify_all()
+
+    def wait_newer(self, known: dict[str, int], timeout: float) -> dict[str, tuple[int, list]]:
+        """:meth:`newer`, waiting up to ``timeout`` seconds for a publication when there is
+        nothing newer yet (a gated rollout waits here, woken at once by :meth:`publish`)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                newer = {m: vb for m, vb in self._latest.items()
+                         if m in known and vb[0] > known[m]}
+                left = deadline - time.monotonic()
+                if newer or left <= 0 or self._closed:
+                    return newer
+                self._lock.wait(left)
+
+    def wake(self) -> None:
+        """The run is stopping: wake every waiter; later waits return at once."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
 
     def version(self, model: str) -> int:
         with self._lock:

@@ -52,18 +52,24 @@ def engine_spec(plan: Plan, task, replica: int) -> EngineSpec:
     mdict = {"name": model.name, "init": model.init, "args": dict(model.args),
              "frozen": model.frozen} if model else {}
     st = plan.step
+    extra = {"samples_per_prompt": st.samples_per_prompt, "prompts_per_step": st.prompts_per_step,
+             "samples_per_step": st.samples_per_step, "steps": st.steps,
+             # a CPU device is one CPU slot: an engine takes as many threads as it has slots, so
+             # colocated engines do not oversubscribe the cores (2 threads each on 2 cores ran
+             # the main job 7x slower)
+             "threads": max(1, task.devices_per_replica) if plan.device_kind == "CPU" else None,
+             # scorers and trainers see log-probs at the temperature the rollout sampled with
+             "temperature": _rollout_temperature(plan)}
+    env = getattr(task, "env", None)
+    if env:  # a multi-turn rollout: the environment factory and the task args it accepts
+        from asyncflow.runtime.tasks import _accepted, resolve
+
+        extra["env"] = env
+        extra["env_args"] = _accepted(resolve(env), dict(task.args or {}))
     return EngineSpec(
         task=task.name, kind=task.kind, model=mdict, args=dict(task.args or {}),
         inputs=tuple(task.inputs), outputs=tuple(task.outputs), loss=task.loss, seed=plan.seed,
-        replica=replica, replicas=task.replicas,
-        extra={"samples_per_prompt": st.samples_per_prompt, "prompts_per_step": st.prompts_per_step,
-               "samples_per_step": st.samples_per_step, "steps": st.steps,
-               # a CPU device is one CPU slot: an engine takes as many threads as it has slots, so
-               # colocated engines do not oversubscribe the cores (2 threads each on 2 cores ran
-               # the main job 7x slower)
-               "threads": max(1, task.devices_per_replica) if plan.device_kind == "CPU" else None,
-               # scorers and trainers see log-probs at the temperature the rollout sampled with
-               "temperature": _rollout_temperature(plan)})
+        replica=replica, replicas=task.replicas, extra=extra)
 
 
 def _rollout_temperature(plan: Plan) -> float:
@@ -121,19 +127,23 @@ class Worker:
         if self._crash:
             raise Crash()
 
-    def _sync(self, force: bool = False) -> bool:
+    def _sync(self, force: bool = False, wait_s: float = 0.0) -> bool:
         """Flush spans/busy/reports, learn the stop flag and adopt newer weights (between
-        requests only). Returns True when the run is stopping."""
+        requests only). ``wait_s``: wait up to that long for a newer version if there is none
+        (a gated rollout). Returns True when the run is stopping."""
         self._check()
         now = time.time()
-        if not force and now - self._last_sync < self.sync_every:
+        if not force and not wait_s and now - self._last_sync < self.sync_every:
             return self._stopped
         self._last_sync = now
         known = dict(self.adopter.known) if self.adopter else {}
         state = {"busy": self.rec.busy(), "exposed_s": self.adopter.exposed_s if self.adopter else 0.0,
                  "rewards": self._rewards, "drops": self._drops, "stats": dict(self._stats)}
         self._rewards, self._drops = [], []
-        reply = self.control.sync(self.id, self.rec.drain(), state, known)
+        if wait_s and known:
+            reply = self.control.sync(self.id, self.rec.drain(), state, known, wait_s)
+        else:
+            reply = self.control.sync(self.id, self.rec.drain(), state, known)
         self._stopped = bool(reply.get("stop"))
         newer = reply.get("newer") or {}
         if newer and self.adopter is not None and not self._stopped:
@@ -158,7 +168,7 @@ class Worker:
                 self._batches()
             status = "stopped"
         except Crash:
-            return {"worker": self.id, "status": "crashed", **self._stats}
+            return {"worker": self.id, "status": "crashed", **self._stats, **self._where()}
         except Stop:
             status = "stopped"
         except Exception as e:  # reported to the driver, which stops the run
@@ -167,13 +177,32 @@ class Worker:
                 self.control.fail(self.id, f"{e.__class__.__name__}: {e}", tb)
             except Exception:
                 pass
-            return {"worker": self.id, "status": "failed", "error": str(e), **self._stats}
+            return {"worker": self.id, "status": "failed", "error": str(e), **self._stats,
+                    **self._where()}
         try:
             self.rec.occupancy(0.0)
             self._sync(force=True)
         except (Crash, Exception):
             pass
-        return {"worker": self.id, "status": status, **self._stats}
+        return {"worker": self.id, "status": status, **self._stats, **self._where()}
+
+    def _where(self) -> dict:
+        """Where this worker ran: host, pid, Ray node id (ray backend), pinned CPU cores."""
+        import os
+        import socket
+
+        out: dict = {"task": self.task.name, "pool": self.wp.pool, "host": socket.gethostname(),
+                     "pid": os.getpid()}
+        if self.use_ray:
+            try:
+                import ray
+
+                out["node"] = ray.get_runtime_context().get_node_id()
+            except Exception:
+                pass
+        if self.opt.get("cpu_affinity") and hasattr(os, "sched_getaffinity"):
+            out["cpu_affinity"] = sorted(os.sched_getaffinity(0))
+        return out
 
     def _start(self) -> None:
         t = time.time()
@@ -291,10 +320,16 @@ class Worker:
     def _read_args(self) -> dict:
         gran, rows = read_shape(self.plan, self.task)
         spp = self.st.samples_per_prompt
-        batch = int(self.opt.get("batch_rows", 64))
+        # rows per call: the task's ``batch_size`` (a rollout's ``slots``), else a whole step.
+        # A READ takes what is ready, up to that many rows, so the stream still flows row by
+        # row; but an engine called on 64 rows costs nearly what it costs on 256 (measured:
+        # hf rollout 15 ms for 64 rows, 42 ms for 256), so small fixed batches multiplied the
+        # engine time of a step by up to 4 (grpo_digits: 0.205 -> 0.115 s per step)
+        args = self.task.args or {}
+        batch = int(args.get("batch_size", 0) or 0) or int(
+            self.opt.get("batch_rows", 0) or 0) or self.st.samples_per_step
         if self.task.kind == "rollout":
-            slots = int((self.task.args or {}).get("slots", 0) or 0)
-            batch = slots or int((self.task.args or {}).get("batch_size", 0) or 0) or batch
+            batch = int(args.get("slots", 0) or 0) or batch
         if gran == "group" and spp > 1:
             n = max(rows, spp)
             n = max(spp, (max(n, batch) // spp) * spp)
@@ -308,15 +343,24 @@ class Worker:
         if gran == "step":
             return self._steps()
         kw = self._read_args()
+        timeout = float(self.opt.get("read_timeout_s", 0.02))
+        # a gated replica (fed weights through a sync edge) waits on the weight board, not on
+        # the store: the rows it may not start yet become readable only with a newer version,
+        # and the board wakes it the moment the trainer publishes one (it used to sit out the
+        # store's read timeout, then a backoff, then the next heartbeat: ~60 ms per step)
+        gated = self.gate is not None and self.adopter is not None and bool(self.adopter.known)
         while not self._sync():
             t = time.time()
             lease = self.store.get(self.task.name, kw["n"], min_rows=kw["min_rows"],
                                    whole_groups=kw.get("whole_groups", False),
                                    group_size=kw.get("group_size", 1), max_row=self._max_row(),
-                                   timeout=float(self.opt.get("read_timeout_s", 0.02)))
+                                   timeout=0.0 if gated else timeout)
             if lease is None:
                 self._stats["empty_reads"] += 1
-                time.sleep(self.backoff)
+                if gated:
+                    self._sync(wait_s=timeout)
+                else:
+                    time.sleep(self.backoff)
                 continue
             self.rec.span("READ", len(lease.rows), t, version=self._version())
             self._process(lease)
@@ -430,9 +474,7 @@ class Worker:
             end = self.rec.compute_end()
             self._check()
             self.rec.span("COMPUTE", len(rows), t, end, step, step)
-            if lease:
-                self.store.ack(lease.id)
-            self._stats["rows"] += len(rows)
+            # publish before anything else: the gated rollout waits for exactly this version
             exposed = 0.0
             every = max((int(getattr(s, "publish_every", 1) or 1) for s in self.plan.sync
                          if s.src == self.task.name), default=1)
@@ -440,6 +482,9 @@ class Worker:
                 tp = time.time()
                 exposed = publish(self.engine, model, step + 1, self.use_ray, self.control.publish)
                 self.rec.span("PUBLISH", 0, tp, version=step + 1, step=step)
+            if lease:
+                self.store.ack(lease.id)
+            self._stats["rows"] += len(rows)
             ckpt = None
             if run_dir and ckpt_every:
                 from asyncflow.runtime import checkpoint
