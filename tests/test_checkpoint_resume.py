@@ -59,8 +59,8 @@ sync:
 """
 
 
-def _cli(args, **kw):
-    cmd = [sys.executable, "-m", "asyncflow.cli", "run", *args, "--backend", "local", "--quiet"]
+def _cli(args, backend="local", **kw):
+    cmd = [sys.executable, "-m", "asyncflow.cli", "run", *args, "--backend", backend, "--quiet"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
 
@@ -83,12 +83,18 @@ def test_checkpoint_layout_is_atomic(tmp_path):
     assert not checkpoint.wanted(None, 3, 12)
 
 
-def test_sigkill_then_resume_trains_every_prompt_once(tmp_path):
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_sigkill_then_resume_trains_every_prompt_once(tmp_path, backend):
+    """SIGKILL of the driver (on Ray: the workers, store shards and control actor go with the
+    Ray it started), then ``--resume`` on a fresh process (and a fresh Ray)."""
+    if backend == "ray":
+        pytest.importorskip("ray")
     pipe = tmp_path / "ckpt.yaml"
     pipe.write_text(PIPELINE)
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    p = _cli([str(pipe), "--out", str(run_dir), "--checkpoint-every", str(EVERY)], env=env)
+    p = _cli([str(pipe), "--out", str(run_dir), "--checkpoint-every", str(EVERY)], backend,
+             env=env)
     # kill once a checkpoint past the first exists and a step past it was trained (that step's
     # work must be discarded and redone), but the run is not over
     deadline = time.time() + 120
@@ -111,7 +117,8 @@ def test_sigkill_then_resume_trains_every_prompt_once(tmp_path):
     ck = checkpoint.latest(str(run_dir))
     version = int(os.path.basename(ck).split("_")[1])
 
-    r = _cli([str(pipe), "--resume", str(run_dir), "--checkpoint-every", str(EVERY)], env=env)
+    r = _cli([str(pipe), "--resume", str(run_dir), "--checkpoint-every", str(EVERY)], backend,
+             env=env)
     out, _ = r.communicate(timeout=180)
     assert r.returncode == 0, out.decode()
 
