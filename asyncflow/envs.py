@@ -8,6 +8,11 @@ An environment factory (``module:factory``) returns a fresh environment per samp
 
 The episode's return is the sum of its step rewards. Environments are deterministic: any
 randomness is seeded from the row itself (never from Python's salted ``hash``).
+
+A rollout task names the factory as ``env:``; the factory is called with those of the task's
+``args`` it accepts as keywords (``max_turns``, ``max_operand``, ``stop_on_error`` here; the
+engine's own args such as ``max_new_tokens`` are left out). :mod:`asyncflow.engines.multiturn`
+runs the episodes.
 """
 from __future__ import annotations
 

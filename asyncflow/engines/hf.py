@@ -142,12 +142,34 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, batch: Columns) -> Columns:
-        """Sample one response per row of ``batch["prompt"]`` (KV cache, left padding)."""
-        prompts = [self._prompt_ids(p) for p in batch["prompt"]]
-        n = len(prompts)
+        """Sample one response per row of ``batch["prompt"]`` (KV cache, left padding); with an
+        environment (``spec.extra["env"]``) run one multi-turn episode per row instead
+        (:mod:`asyncflow.engines.multiturn`, which adds the ``reward`` column when declared)."""
         out_names = list(self.spec.outputs) or ["response", "logprobs"]
-        if n == 0:
+        if self.spec.extra.get("env"):
+            from asyncflow.engines import multiturn
+
+            return multiturn.rollout_columns(
+                batch, self._sample, self.tokenizer, self.spec.extra["env"],
+                self.spec.extra.get("env_args"),
+                int(self.args.get("max_turns") or multiturn.DEFAULT_MAX_TURNS), out_names)
+        prompts = [self._prompt_ids(p) for p in batch["prompt"]]
+        if not prompts:
             return {name: [] for name in out_names[:2]}
+        tokens, logprobs = self._sample(prompts)
+        eos = self.tokenizer.eos_id
+        responses = [Text(self.tokenizer.decode([t for t in ids if t != eos]), ids, prompt)
+                     for ids, prompt in zip(tokens, prompts)]
+        return {out_names[0]: responses, out_names[1]: logprobs}
+
+    @torch.no_grad()
+    def _sample(self, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
+        """Continue each id list in ``prompts`` (one batch, KV cache, left padding): per row the
+        sampled ids (up to and including ``eos``, at most ``max_new_tokens``) and their
+        log-probs. Draws from ``self.generator``."""
+        n = len(prompts)
+        if n == 0:
+            return [], []
         pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
         ids, mask = tc.left_pad(prompts, pad)
         ids, mask = ids.to(self.device), mask.to(self.device)
@@ -171,15 +193,13 @@ class HFEngine:
             step_ids = tok[:, None].to(self.device)
             step_pos = step_pos[:, -1:] + 1
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], 1)
-        responses, logprobs = [], []
+        out_ids, out_lps = [], []
         for i in range(n):
             row = tokens[i].tolist()
             length = row.index(eos) + 1 if eos in row else len(row)
-            ids_i = row[:length]
-            text = self.tokenizer.decode([t for t in ids_i if t != eos])
-            responses.append(Text(text, ids_i, prompts[i]))
-            logprobs.append(logps[i, :length].tolist())
-        return {out_names[0]: responses, out_names[1]: logprobs}
+            out_ids.append(row[:length])
+            out_lps.append(logps[i, :length].tolist())
+        return out_ids, out_lps
 
     def update_weights(self, weights, version: int) -> None:
         """Load a state dict from a trainer's :meth:`export_weights`; takes effect at once."""
@@ -245,20 +265,26 @@ class HFEngine:
             raise RuntimeError(f"task {self.spec.task!r} is not a train task")
         prompts, resps = self._pairs(batch)
         n = len(resps)
-        total_tokens = sum(len(r) for r in resps)
+        # multi-turn responses carry a loss mask (0 on environment observations): only the
+        # tokens it keeps count, in the loss and in every token count and token-weighted metric
+        masks = tc.loss_masks(batch[self._response_column(batch)])
+        counted = [len(r) if masks is None or masks[i] is None else sum(masks[i])
+                   for i, r in enumerate(resps)]
+        total_tokens = sum(counted)
         # each micro-batch loss is divided by the whole step's token or sequence count, so the
         # accumulated gradient is that of the step's mean
         if loss_aggregation(self.loss_name or "grpo", self.loss_cfg) == "token_mean":
             normalizer = total_tokens
         else:
-            normalizer = sum(1 for r in resps if r)
+            normalizer = sum(1 for c in counted if c)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         for rows in self._chunks(n):
             rows = list(rows)
             packed = tc.pack([prompts[i] for i in rows], [resps[i] for i in rows],
-                             self.tokenizer.pad_id)
-            mb_tokens = sum(packed.lengths)
+                             self.tokenizer.pad_id,
+                             [masks[i] for i in rows] if masks is not None else None)
+            mb_tokens = packed.tokens
             if mb_tokens == 0:
                 continue
             cols = {k: [v[i] for i in rows] for k, v in batch.items()}

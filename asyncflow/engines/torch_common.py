@@ -8,6 +8,11 @@ sampling is recomputed bit-for-bit-close later:
 
 so every response starts at the same column ``P`` (the longest prompt), token ``j`` of a response
 is predicted by the logits at column ``P - 1 + j``, and ``position_ids`` count real tokens only.
+
+Attention covers every real token; the *loss* mask (``Packed.response_mask``) may be narrower: a
+multi-turn response holds environment observations the policy read but did not generate, and a
+row's optional mask (:attr:`asyncflow.tokens.Text.mask`, 0 on those tokens) keeps them out of
+every loss, token count, KL and entropy, exactly as if they were padding.
 """
 from __future__ import annotations
 
@@ -23,13 +28,18 @@ class Packed:
     input_ids: torch.Tensor  # [B, P + R] long
     attention_mask: torch.Tensor  # [B, P + R] long, 1 on real tokens
     position_ids: torch.Tensor  # [B, P + R] long
-    response_mask: torch.Tensor  # [B, R] float, 1 on real response tokens
+    response_mask: torch.Tensor  # [B, R] float, 1 on response tokens that count (loss mask)
     prompt_len: int  # P
-    lengths: list[int]  # response length of each row
+    lengths: list[int]  # response length of each row (all its tokens, masked ones included)
 
     @property
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, self.prompt_len:]
+
+    @property
+    def tokens(self) -> int:
+        """Response tokens that count in the loss (the loss mask's sum)."""
+        return int(self.response_mask.sum().item())
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
@@ -48,20 +58,42 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Packed:
-    """Prompts left-padded, responses right-padded, concatenated (see the module docstring)."""
+def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+         masks: list | None = None) -> Packed:
+    """Prompts left-padded, responses right-padded, concatenated (see the module docstring).
+
+    ``masks`` (optional, one entry per row: a 0/1 list as long as the response, or ``None`` for
+    all ones) narrows ``response_mask`` to the tokens that count; attention is unchanged."""
     p_ids, p_mask = left_pad(prompts, pad_id)
     width = max((len(r) for r in responses), default=0)
     r_ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
     r_mask = torch.zeros((len(responses), width), dtype=torch.long)
+    loss_mask = r_mask
+    if masks is not None and any(m is not None for m in masks):
+        loss_mask = torch.zeros((len(responses), width), dtype=torch.long)
     for i, r in enumerate(responses):
         if r:
             r_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
             r_mask[i, :len(r)] = 1
+            if loss_mask is not r_mask:
+                m = masks[i]
+                if m is None:
+                    loss_mask[i, :len(r)] = 1
+                elif len(m) != len(r):
+                    raise ValueError(f"row {i}: mask of {len(m)} for {len(r)} response tokens")
+                else:
+                    loss_mask[i, :len(r)] = torch.tensor(list(m), dtype=torch.long)
     ids = torch.cat([p_ids, r_ids], dim=1)
     mask = torch.cat([p_mask, r_mask], dim=1)
-    return Packed(ids, mask, positions(mask), r_mask.float(), p_ids.shape[1],
+    return Packed(ids, mask, positions(mask), loss_mask.float(), p_ids.shape[1],
                   [len(r) for r in responses])
+
+
+def loss_masks(responses) -> list | None:
+    """Per-row loss masks of a response column (``Text.mask`` where a row is masked, else
+    ``None``); ``None`` when no row is masked, so unmasked batches take the plain path."""
+    masks = [r.mask if getattr(r, "masked", False) else None for r in responses]
+    return masks if any(m is not None for m in masks) else None
 
 
 def response_logits(logits: torch.Tensor, packed: Packed) -> torch.Tensor:

@@ -434,6 +434,9 @@ class Worker:
         publishes = any(s.src == self.task.name for s in self.plan.sync)
         # the reward column rides along (for the step's reward_mean) when the trainer lacks it
         reward = next((o for t in self.plan.tasks if t.kind == "reward" for o in t.outputs), None)
+        if reward is None:  # a multi-turn rollout writes the episode return as ``reward``
+            reward = next(("reward" for t in self.plan.tasks
+                           if t.kind == "rollout" and "reward" in t.outputs), None)
         extra = [reward] if reward and reward not in self.task.inputs else []
         fields = list(self.task.inputs) + extra if extra else None
         step = int(self.opt.get("start_step", 0))
