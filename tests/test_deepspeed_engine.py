@@ -197,3 +197,18 @@ def test_two_replicas_reach_the_one_replica_weights(batch, stage, split):
         assert m["rows"] == 8 and m["tokens"] == m_one["tokens"]
         assert m["loss"] == pytest.approx(m_one["loss"], rel=1e-4, abs=1e-6)
         assert m["grad_norm"] == pytest.approx(m_one["grad_norm"], rel=1e-4)
+
+
+def test_loss_mask_matches_the_hf_engine(batch):
+    """Multi-turn rows (a loss mask with 0 on environment observations): DeepSpeed counts and
+    trains exactly the tokens the hf engine does."""
+    masked = dict(batch)
+    masked["response"] = [Text(str(r), r.ids, r.prompt_ids,
+                               [1 if j % 3 != 1 else 0 for j in range(len(r.ids))])
+                          for r in batch["response"]]
+    hf, ds = HFEngine(spec(micro_batch=4)), DeepSpeedEngine(spec(micro_batch=4, zero_stage=1))
+    m_hf, m_ds = hf.train_step(masked), ds.train_step(masked)
+    kept = sum(sum(r.mask) for r in masked["response"])
+    assert m_ds["tokens"] == m_hf["tokens"] == kept < sum(len(r.ids) for r in batch["response"])
+    assert m_ds["loss"] == pytest.approx(m_hf["loss"], rel=1e-4, abs=1e-6)
+    assert max_diff(ds.export_weights(), hf.export_weights()) < TOL

@@ -220,3 +220,23 @@ def test_local_hf_directory_with_its_own_tokenizer(tmp_path):
     out = e.generate({"prompt": ["1+2="]})
     assert out["response"][0].prompt_ids == (1, 4, 13, 5, 14)
     assert len(out["logprobs"][0]) == len(out["response"][0].ids)
+
+
+def test_sampler_draws_the_softmax_distribution_and_respects_top_p():
+    """torch_common.sample (inverse-CDF draw): empirical frequencies match softmax(logits / T)
+    within sampling error; top_p never draws outside the nucleus; the log-prob is that of the
+    full tempered distribution."""
+    import torch
+
+    from asyncflow.engines import torch_common as tc
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[0.0, 1.0, -1.0, 2.0, -30.0]]).repeat(100_000, 1)
+    want = torch.softmax(logits[0] / 0.7, -1)
+    tok, lp = tc.sample(logits, 0.7, 1.0, g)
+    got = torch.bincount(tok, minlength=5).float() / len(tok)
+    assert torch.allclose(got, want, atol=0.005), (got, want)
+    assert torch.allclose(lp, torch.log(want)[tok], atol=1e-5)
+    # nucleus 0.9 at T = 1: tokens 3, 1, 0 hold 0.644 + 0.237 + 0.087 >= 0.9; 2 and 4 are cut
+    tok, _ = tc.sample(logits, 1.0, 0.9, g)
+    assert set(tok.tolist()) == {0, 1, 3}

@@ -129,11 +129,16 @@ class DeepSpeedEngine(HFEngine):
             raise RuntimeError(f"task {self.spec.task!r} is not a train task")
         prompts, resps = self._pairs(batch)
         n = len(resps)
+        # multi-turn responses carry a loss mask (0 on environment observations): only the
+        # tokens it keeps count, as in the hf engine
+        masks = tc.loss_masks(batch[self._response_column(batch)])
+        counted = [len(r) if masks is None or masks[i] is None else sum(masks[i])
+                   for i, r in enumerate(resps)]
         chunks = [list(rows) for rows in self._chunks(n)
-                  if any(resps[i] for i in rows)]  # micro-batches with tokens
-        local_tokens = sum(len(r) for r in resps)
+                  if any(counted[i] for i in rows)]  # micro-batches with tokens
+        local_tokens = sum(counted)
         token_mean = loss_aggregation(self.loss_name, self.loss_cfg) == "token_mean"
-        local_norm = local_tokens if token_mean else sum(1 for r in resps if r)
+        local_norm = local_tokens if token_mean else sum(1 for c in counted if c)
         normalizer, total_tokens, rows, steps = self._agree(
             [local_norm, local_tokens, n], len(chunks))
         if steps == 0:  # no replica has a token: no update (as the hf engine), same version
@@ -148,12 +153,13 @@ class DeepSpeedEngine(HFEngine):
                 continue
             rows_i = chunks[i]
             packed = tc.pack([prompts[j] for j in rows_i], [resps[j] for j in rows_i],
-                             self.tokenizer.pad_id)
+                             self.tokenizer.pad_id,
+                             [masks[j] for j in rows_i] if masks is not None else None)
             cols = {k: [v[j] for j in rows_i] for k, v in batch.items()}
             loss, metrics = self._micro_loss(packed, cols, normalizer)
             # DeepSpeed averages gradients over ranks; the loss is already a global mean
             self.ds.backward(loss * self.world)
-            mb_tokens = sum(packed.lengths)
+            mb_tokens = packed.tokens
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * (1 if k in _SUMMED else mb_tokens)
         self.ds.step()
