@@ -38,7 +38,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(ROOT, "pipelines", "grpo_digits.yaml")
-SAMPLES_PER_PROMPT = 8
+SAMPLES_PER_PROMPT = 16
 MAX_NEW_TOKENS = 8
 LR = 1e-3
 KL_COEF = 0.001
@@ -356,7 +356,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200, help="train steps for each side (default 200)")
-    p.add_argument("--prompts-per-step", type=int, default=32,
+    p.add_argument("--prompts-per-step", type=int, default=16,
                    help="prompts per step; x8 completions each (default 32 -> 256)")
     p.add_argument("--threshold", type=float, default=0.3, help="mean reward to reach (default 0.3)")
     p.add_argument("--window", type=int, default=5, help="steps in the reward window (default 5)")

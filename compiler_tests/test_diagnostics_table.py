@@ -104,7 +104,7 @@ def test_check_file_raises_user_error_without_diags(write):
 SEVERAL = (PIPELINES / "grpo_digits.yaml").read_text()
 SEVERAL = (SEVERAL.replace("model: reference", "model: referense")          # AF310
                   .replace("estimator: grpo", "estimator: grp0")              # AF330
-                  .replace("micro_batch: 16", "micro_batch: 24")              # AF360
+                  .replace("micro_batch: 64", "micro_batch: 24")              # AF360
                   .replace("  train: {devices: 1}", "  train: {devices: 1}\n  spare: {devices: 0}")
                   .replace("fn: asyncflow.rewards:digits_match", "fn: asyncflow.rewards:digit_match"))
 

@@ -51,7 +51,11 @@ def register(app: typer.Typer) -> None:
                 None, "--resume", help="continue RUN_DIR from its newest complete checkpoint"),
             device_kind: str = typer.Option(
                 "auto", "--device-kind",
-                help="what a pool device is: gpu | cpu (a CPU slot) | auto (GPU only where one is visible)")) -> None:
+                help="what a pool device is: gpu | cpu (a CPU slot) | auto (GPU only where one is visible)"),
+            store_shards: int = typer.Option(
+                1, "--store-shards", min=1,
+                help="ray: sample-store shard actors (more spread a big step's store work; one is "
+                     "fastest on a small machine)")) -> None:
         """Compile and run a pipeline; write RUN_DIR/{plan.json,metrics.jsonl,trace.json}."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
@@ -82,7 +86,7 @@ def register(app: typer.Typer) -> None:
 
         driver = Driver(plan, backend, out_dir=run_dir, steps=steps, address=address,
                         lease_s=lease_s, on_step=on_step, checkpoint_every=checkpoint_every,
-                        resume=resume is not None)
+                        resume=resume is not None, shards=store_shards)
         interrupted = False
 
         def on_term(signum, frame):  # `kill`, `timeout`, a scheduler: stop as cleanly as Ctrl-C
