@@ -15,12 +15,14 @@ penalty of 0.001 to a frozen reference, clipping 0.2, gradient clipping 1.0, con
   ``PreTrainedTokenizerFast`` whose ids are exactly those of asyncflow's ``CharTokenizer`` (same
   pad/bos/eos; ``<bos>`` prepended; no chat template, so the plain-text prompts are used as-is).
 
-Both processes use ``torch.set_num_threads(--threads)`` (default 2). Reported, for each side:
+TRL uses ``torch.set_num_threads(--threads)`` (default 2: the whole machine, one process);
+asyncflow splits the same 2 cores by its own rule (one torch thread per CPU slot: the rollout
+pool's core, the train pool's core), unless ``--af-threads`` forces a count. Reported, for each side:
 steady-state samples/s (completions per second over steps 2..N: step 1 is warm-up), the train
 time (from the start of step 1) until the mean reward over a ``--window``-step window first
 reaches ``--threshold``, and the ratios asyncflow/TRL.
 
-    .venv/bin/python benchmarks/vs_trl.py                     # default: 32 x 8, 200 steps
+    .venv/bin/python benchmarks/vs_trl.py                     # default: 16 x 16, 200 steps
     .venv/bin/python benchmarks/vs_trl.py --steps 2 --prompts-per-step 4   # smoke
 
 TRL is not a dependency of asyncflow: without it the script says so and exits 0.
@@ -112,10 +114,9 @@ def run_asyncflow(a, work: str) -> dict:
             f"step.steps={a.steps}",
             f"tasks.generate.args.max_new_tokens={MAX_NEW_TOKENS}",
             f"tasks.update.args.lr={LR}",
-            f"tasks.update.args.kl_coef={KL_COEF}",
-            f"tasks.generate.args.threads={a.threads}",
-            f"tasks.ref.args.threads={a.threads}",
-            f"tasks.update.args.threads={a.threads}"]
+            f"tasks.update.args.kl_coef={KL_COEF}"]
+    if a.af_threads:  # default: asyncflow's own rule (an engine takes its replica's CPU slots)
+        sets += [f"tasks.{t}.args.threads={a.af_threads}" for t in ("generate", "ref", "update")]
     micro = a.micro_batch or a.prompts_per_step * SAMPLES_PER_PROMPT
     sets += [f"tasks.update.args.micro_batch={micro}", f"tasks.ref.args.micro_batch={micro}"]
     if a.alpha is not None:
@@ -368,7 +369,12 @@ def main(argv=None) -> int:
                    help="asyncflow max_staleness (default: the pipeline file's, 1)")
     p.add_argument("--layers", type=int, default=2, help="tiny_decoder layers (default 2)")
     p.add_argument("--hidden", type=int, default=64, help="tiny_decoder hidden size (default 64)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads per process (default 2)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="TRL's torch threads (default 2: the whole machine)")
+    p.add_argument("--af-threads", type=int, default=0,
+                   help="force asyncflow's engines to this many torch threads each (default: "
+                        "asyncflow's rule, one per CPU slot of the replica: the 2 cores split "
+                        "between the rollout pool and the train pool)")
     p.add_argument("--micro-batch", type=int, default=None,
                    help="rows per forward/backward pass, both sides: asyncflow's update/ref "
                         "micro_batch and TRL's per_device_train_batch_size (with gradient "
