@@ -129,11 +129,7 @@ class DeepSpeedEngine(HFEngine):
             raise RuntimeError(f"task {self.spec.task!r} is not a train task")
         prompts, resps = self._pairs(batch)
         n = len(resps)
-        # multi-turn responses carry a loss mask (0 on environment observations): only the
-        # tokens it keeps count, as in the hf engine
-        masks = tc.loss_masks(batch[self._response_column(batch)])
-        counted = [len(r) if masks is None or masks[i] is None else sum(masks[i])
-                   for i, r in enumerate(resps)]
+        masks, counted = self._counted(batch, resps)  # multi-turn loss masks, as hf
         chunks = [list(rows) for rows in self._chunks(n)
                   if any(counted[i] for i in rows)]  # micro-batches with tokens
         local_tokens = sum(counted)

@@ -265,11 +265,7 @@ class HFEngine:
             raise RuntimeError(f"task {self.spec.task!r} is not a train task")
         prompts, resps = self._pairs(batch)
         n = len(resps)
-        # multi-turn responses carry a loss mask (0 on environment observations): only the
-        # tokens it keeps count, in the loss and in every token count and token-weighted metric
-        masks = tc.loss_masks(batch[self._response_column(batch)])
-        counted = [len(r) if masks is None or masks[i] is None else sum(masks[i])
-                   for i, r in enumerate(resps)]
+        masks, counted = self._counted(batch, resps)
         total_tokens = sum(counted)
         # each micro-batch loss is divided by the whole step's token or sequence count, so the
         # accumulated gradient is that of the step's mean
@@ -304,6 +300,15 @@ class HFEngine:
         result.update(grad_norm=float(grad_norm), tokens=float(total_tokens),
                       rows=float(n), version=float(self.version))
         return result
+
+    def _counted(self, batch: Columns, resps: list[list[int]]) -> tuple[list | None, list[int]]:
+        """(loss masks or None, tokens that count per row). Multi-turn responses carry a loss
+        mask (0 on environment observations): only the tokens it keeps count, in the loss and
+        in every token count and token-weighted metric."""
+        masks = tc.loss_masks(batch[self._response_column(batch)])
+        counted = [len(r) if masks is None or masks[i] is None else sum(masks[i])
+                   for i, r in enumerate(resps)]
+        return masks, counted
 
     def _micro_loss(self, packed: tc.Packed, cols: Columns, normalizer):
         mask = packed.response_mask.to(self.device)
