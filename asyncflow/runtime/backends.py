@@ -52,12 +52,8 @@ class Control:
             for rows, reason in state.get("drops", ()):
                 self._drop_log.append((time.time(), len(rows), reason))
             stop = self._stop
-        if known and wait_s > 0 and not stop:
-            newer = self.board.wait_newer(known, wait_s)
-            stop = self._stop
-        else:
-            newer = self.board.newer(known) if known else {}
-        return {"stop": stop, "newer": newer}
+        newer = self.board.newer(known, 0.0 if stop else wait_s) if known else {}
+        return {"stop": stop or self._stop, "newer": newer}
 
     def publish(self, model: str, version: int, box: list) -> None:
         self.board.publish(model, version, box)
@@ -320,7 +316,7 @@ class RayBackend:
     name = "ray"
     use_ray = True
 
-    def __init__(self, lease_s: float = 60.0, address: str | None = None, shards: int = 2,
+    def __init__(self, lease_s: float = 60.0, address: str | None = None, shards: int = 1,
                  pin: bool | None = None, **_: Any):
         self.ray = ensure_ray(address)
         # pin workers to cores on a local single-node cluster only: on a cluster the core ids

@@ -36,9 +36,10 @@ class WeightBoard:
             self.published.append((model, int(version), time.time()))
             self._lock.notify_all()
 
-    def wait_newer(self, known: dict[str, int], timeout: float) -> dict[str, tuple[int, list]]:
-        """:meth:`newer`, waiting up to ``timeout`` seconds for a publication when there is
-        nothing newer yet (a gated rollout waits here, woken at once by :meth:`publish`)."""
+    def newer(self, known: dict[str, int], timeout: float = 0.0) -> dict[str, tuple[int, list]]:
+        """``{model: (version, box)}`` for every model whose newest version beats ``known``;
+        with ``timeout`` > 0, waits up to that long for a publication when there is nothing
+        newer yet (a gated rollout waits here, woken at once by :meth:`publish`)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
@@ -59,11 +60,6 @@ class WeightBoard:
         with self._lock:
             cur = self._latest.get(model)
             return cur[0] if cur else 0
-
-    def newer(self, known: dict[str, int]) -> dict[str, tuple[int, list]]:
-        """``{model: (version, box)}`` for every model whose newest version beats ``known``."""
-        with self._lock:
-            return {m: vb for m, vb in self._latest.items() if m in known and vb[0] > known[m]}
 
     def versions(self) -> dict[str, int]:
         with self._lock:

@@ -140,10 +140,7 @@ class Worker:
         state = {"busy": self.rec.busy(), "exposed_s": self.adopter.exposed_s if self.adopter else 0.0,
                  "rewards": self._rewards, "drops": self._drops, "stats": dict(self._stats)}
         self._rewards, self._drops = [], []
-        if wait_s and known:
-            reply = self.control.sync(self.id, self.rec.drain(), state, known, wait_s)
-        else:
-            reply = self.control.sync(self.id, self.rec.drain(), state, known)
+        reply = self.control.sync(self.id, self.rec.drain(), state, known, wait_s)
         self._stopped = bool(reply.get("stop"))
         newer = reply.get("newer") or {}
         if newer and self.adopter is not None and not self._stopped:
