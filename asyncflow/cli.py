@@ -1,39 +1,25 @@
 """The ``asyncflow`` command line (typer + rich).
 
-Commands live in :mod:`asyncflow.commands`, one module each, and register themselves on ``app``.
-User errors print ``file:line:col: AF### message`` with the source line and a caret and exit 2;
-anything else is an internal fault: exit 1 with a one-line summary (``--debug`` shows the trace).
+Commands live in :mod:`asyncflow.commands`, one module each, and register themselves on ``app``;
+what they share with this module (consoles, ``--set``, error printing, the ``--debug`` state they
+receive as ``ctx.obj``) is :mod:`asyncflow.console`. User errors print
+``file:line:col: AF### message`` with the source line and a caret and exit 2; anything else is an
+internal fault: exit 1 with a one-line summary (``--debug``, anywhere on the line, shows the trace).
 """
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
-from asyncflow.errors import AsyncflowError, InternalError, UserError
+from asyncflow.console import State, err, report
+from asyncflow.errors import InternalError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="asyncflow: compile and run asynchronous, streaming RL post-training pipelines.")
-# piped output (logs, CI) gets a wide page instead of rich's 80 columns
-_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 150
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
-
-SetOpt = typer.Option(None, "--set", metavar="KEY.PATH=VALUE",
-                      help="override a key, e.g. --set tasks.update.args.lr=3e-5 --set sync.0.max_staleness=0")
-
-COMMANDS = ("check", "fmt", "compile", "viz", "run", "simulate")
-
-
-def report(e: UserError) -> None:
-    for d in e.diagnostics:
-        err.print(d.render(), markup=False)
-    n = len(e.diagnostics)
-    err.print(f"{n} error{'s' if n != 1 else ''}", style="bold red", markup=False)
+COMMANDS = ("check", "fmt", "compile", "viz", "run", "simulate", "schema")
 
 
 def _is_usage_error(e: Exception) -> bool:
@@ -56,12 +42,13 @@ def main(argv: Optional[List[str]] = None) -> None:
                 raise
             continue
         mod.register(app)
-    debug = "--debug" in (argv if argv is not None else sys.argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args  # anywhere on the line, before or after the command
     if debug:
-        (argv if argv is not None else sys.argv).remove("--debug")
-        os.environ["ASYNCFLOW_DEBUG"] = "1"
+        args.remove("--debug")
     try:
-        rc = app(args=argv, standalone_mode=False)  # typer.Exit comes back as the return value
+        # the state reaches every command as ctx.obj; typer.Exit comes back as the return value
+        rc = app(args=args, standalone_mode=False, obj=State(debug=debug))
         sys.exit(rc if isinstance(rc, int) else 0)
     except UserError as e:
         report(e)
@@ -79,7 +66,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         if _is_usage_error(e):
             e.show()
             sys.exit(2)
-        if os.environ.get("ASYNCFLOW_DEBUG"):
+        if debug:
             raise
         where = f" ({e.__class__.__name__})" if not isinstance(e, InternalError) else ""
         err.print(f"internal error{where}: {e}\nthis is a bug in asyncflow; rerun with --debug "

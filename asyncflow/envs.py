@@ -2,7 +2,8 @@
 
 An environment factory (``module:factory``) returns a fresh environment per sample:
 
-- ``reset(row) -> str``: start an episode from a prompt row; returns the first observation;
+- ``reset(prompt, *context) -> str``: start an episode; called with the rollout task's inputs in
+  their declared order (the prompt first); returns the first observation;
 - ``step(action) -> (observation, reward, done)``: the agent's text for this turn; the next
   observation is appended to the dialogue when not ``done``.
 
@@ -23,7 +24,7 @@ from asyncflow.rewards import digits_match
 
 
 class DigitsDialogue:
-    """A running-sum dialogue over a digits row ``{"prompt": "3+4=", "answer": "7"}``.
+    """A running-sum dialogue over a digits problem (``reset("3+4=", "7")``: prompt, answer).
 
     Turn 1 asks the row's prompt. Each later turn asks to add one more number to the previous
     *correct* total (``" +5="``), so the agent must use the dialogue history. A right answer
@@ -38,8 +39,8 @@ class DigitsDialogue:
         self.total = 0
         self._rng = random.Random(0)
 
-    def reset(self, row: dict) -> str:
-        prompt, answer = str(row["prompt"]), str(row["answer"])
+    def reset(self, prompt: str, answer: str) -> str:
+        prompt, answer = str(prompt), str(answer)
         self._rng = random.Random(zlib.crc32(f"{prompt}\x00{answer}".encode()))
         self.turn, self.total = 0, int(answer)
         return prompt

@@ -25,7 +25,7 @@ import threading
 import json
 import os
 import string
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 TOKENIZER_FILE = "asyncflow_tokenizer.json"
 
@@ -154,19 +154,20 @@ def from_directory(path: str) -> Loaded:
     return Loaded(model, tok)
 
 
-def load(init: str, args: dict | None = None) -> Loaded:
+def load(init: str, args: dict | None = None, paths: Sequence[str] = ()) -> Loaded:
     """Resolve a pipeline's ``models.<name>.init``: an existing directory (a local HF model or an
     asyncflow checkpoint written by an engine's ``save``) or ``module:factory`` called with
-    ``args``."""
-    import importlib
+    ``args``. The factory's module is imported from ``paths`` first (the run's search path,
+    :func:`asyncflow.refs.search_path`, which engines get as ``spec.extra["search_path"]``)."""
+    from asyncflow.refs import resolve
 
     args = dict(args or {})
     if os.path.isdir(init):
         return from_directory(init)
-    module, sep, attr = init.partition(":")
+    _, sep, _ = init.partition(":")
     if not sep:
         raise ValueError(f"model init {init!r} is neither a directory nor 'module:factory'")
-    factory = getattr(importlib.import_module(module), attr)
+    factory = resolve(init, paths)
     out = factory(**args)
     if not isinstance(out, tuple) or len(out) != 2:
         raise TypeError(f"model factory {init!r} must return a (model, tokenizer) pair")

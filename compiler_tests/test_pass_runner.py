@@ -13,7 +13,7 @@ from asyncflow.plan import Plan
 
 
 def test_pass_order():
-    assert PASS_NAMES == ["parse", "build IR", "validate", "staleness", "placement", "overlap",
+    assert PASS_NAMES == ["parse", "build IR", "validate", "bind", "staleness", "placement", "overlap",
                           "lower", "cost"]
 
 

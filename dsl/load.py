@@ -5,15 +5,16 @@ from pathlib import Path
 
 from asyncflow.diagnostics import Diagnostics
 from asyncflow.dsl import ast
-from asyncflow.dsl.loc import SOURCES, SourceLoc
+from asyncflow.dsl.loc import SourceLoc
 from asyncflow.dsl.tree import Node
 
 SUFFIXES = (".yaml", ".yml", ".af")
 
 
 def parse_tree(text: str, path: str, diags: Diagnostics) -> Node | None:
-    """The located tree of ``text``; the front end is chosen by ``path``'s suffix."""
-    SOURCES.add(path, text)
+    """The located tree of ``text``; the front end is chosen by ``path``'s suffix. ``text`` is
+    added to ``diags.sources`` (diagnostics quote their lines from it)."""
+    diags.sources.add(path, text)
     suffix = Path(path).suffix.lower()
     if suffix == ".af":
         from asyncflow.dsl.af_front import parse_af
@@ -30,7 +31,7 @@ def parse_tree(text: str, path: str, diags: Diagnostics) -> Node | None:
 def load_text(text: str, path: str, sets=(), diags: Diagnostics | None = None) -> ast.Pipeline | None:
     """The AST of ``text``; problems go to ``diags`` (raised as one UserError when not given)."""
     from asyncflow.dsl.build import build
-    from asyncflow.overrides import apply
+    from asyncflow.dsl.overrides import apply
 
     own = diags is None
     diags = diags if diags is not None else Diagnostics()

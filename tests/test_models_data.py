@@ -132,13 +132,13 @@ def test_math_answer_match(response, answer, expected):
 # --------------------------------------------------------------------------- filters
 
 
-def test_group_has_variance_columns_and_rows():
-    cols = {"_group": [0, 0, 1, 1, 2, 2], "reward": [1.0, 1.0, 0.0, 1.0, 0.5, 0.5]}
-    assert filters.group_has_variance(cols) == [False, False, True, True, False, False]
-    rows = [{"_group": g, "reward": r} for g, r in zip(cols["_group"], cols["reward"])]
-    assert filters.group_has_variance(rows) == [False, False, True, True, False, False]
-    assert filters.group_has_variance({"reward": [1, 1]}) == [False, False]
-    assert filters.group_has_variance({"reward": [0.1, 0.2]}, eps=0.5) == [False, False]
+def test_group_has_variance_by_group():
+    groups, rewards = [0, 0, 1, 1, 2, 2], [1.0, 1.0, 0.0, 1.0, 0.5, 0.5]
+    assert filters.group_has_variance(rewards, groups) == [False, False, True, True, False, False]
+    assert filters.group_has_variance(rewards, groups=groups) == [False, False, True, True, False, False]
+    assert filters.group_has_variance([1, 1]) == [False, False]
+    assert filters.group_has_variance([0.1, 0.2]) == [True, True]
+    assert filters.group_has_variance([0.1, 0.2], eps=0.5) == [False, False]
 
 
 # --------------------------------------------------------------------------- envs
@@ -146,8 +146,8 @@ def test_group_has_variance_columns_and_rows():
 
 def test_digits_dialogue_right_answers():
     env = envs.digits_dialogue(max_turns=3)
-    row = {"prompt": "3+4=", "answer": "7"}
-    assert env.reset(row) == "3+4="
+    row = ("3+4=", "7")  # reset(prompt, answer): the rollout's inputs in declared order
+    assert env.reset(*row) == "3+4="
     obs, r, done = env.step("7")
     assert not done and r == pytest.approx(1 / 3) and obs.startswith(" +")
     k = int(obs.strip()[1:-1])
@@ -161,15 +161,15 @@ def test_digits_dialogue_right_answers():
 
 
 def test_digits_dialogue_deterministic_and_errors():
-    row = {"prompt": "3+4=", "answer": "7"}
+    row = ("3+4=", "7")
     a, b = envs.digits_dialogue(), envs.digits_dialogue()
-    a.reset(row), b.reset(row)
+    a.reset(*row), b.reset(*row)
     assert a.step("7") == b.step("7")
     env = envs.digits_dialogue(max_turns=3)
-    env.reset(row)
+    env.reset(*row)
     assert env.step("8") == ("", 0.0, True)
     env = envs.digits_dialogue(max_turns=3, stop_on_error=False)
-    env.reset(row)
+    env.reset(*row)
     obs, r, done = env.step("8")
     assert r == 0.0 and not done and obs.startswith(" no, 7. +")
 

@@ -20,6 +20,7 @@ BOS, EOS = TOK.bos_id, TOK.eos_id  # 1, 2
 ROWS = [{"prompt": "3+4=", "answer": "7", "_row": 0},
         {"prompt": "2+2=", "answer": "4", "_row": 1},
         {"prompt": "1+0=", "answer": "1", "_row": 2}]
+RESETS = [(r["prompt"], r["answer"]) for r in ROWS]  # reset(prompt, answer): the inputs in order
 # DigitsDialogue draws the next operand from a RNG seeded by crc32 of the row, so these are fixed:
 # "3+4=" (7) continues " +3=" then " +7="; "1+0=" (1) continues " +5=".
 SCRIPT = {  # dialogue so far (specials dropped) -> the agent's turn (text, whether it ends in eos)
@@ -57,7 +58,7 @@ def enc(s):
 
 def test_driver_exact_layout_mask_logprobs_and_return():
     sampler = ScriptedSampler()
-    eps = multiturn.run_episodes(ROWS, sampler, TOK, lambda: DigitsDialogue(max_turns=3),
+    eps = multiturn.run_episodes(RESETS, sampler, TOK, lambda: DigitsDialogue(max_turns=3),
                                  max_turns=3)
     a, b, c = eps
     # the first observation (reset) is the prompt, after bos
@@ -83,7 +84,7 @@ def test_driver_exact_layout_mask_logprobs_and_return():
 
 def test_driver_batches_turns_and_stops_sampling_finished_episodes():
     sampler = ScriptedSampler()
-    multiturn.run_episodes(ROWS, sampler, TOK, lambda: DigitsDialogue(max_turns=3), max_turns=3)
+    multiturn.run_episodes(RESETS, sampler, TOK, lambda: DigitsDialogue(max_turns=3), max_turns=3)
     # one batched call per turn, over the still-active episodes only: 3, then a and c, then a
     assert [len(c) for c in sampler.calls] == [3, 2, 1]
     assert sampler.calls[1] == [[1, 7, 14, 8, 18, 11, 2, 73, 14, 7, 18],  # a: prompt+7<eos>+obs
@@ -94,7 +95,7 @@ def test_driver_batches_turns_and_stops_sampling_finished_episodes():
 class Endless:
     """Never done: observation "ok", reward 0.5 per turn."""
 
-    def reset(self, row):
+    def reset(self, *inputs):
         return "go="
 
     def step(self, action):
@@ -103,7 +104,7 @@ class Endless:
 
 def test_driver_max_turns_caps_episodes_without_trailing_observation():
     sampler = lambda prefixes: ([[11, EOS] for _ in prefixes], [[-1.0, -2.0] for _ in prefixes])
-    (ep,) = multiturn.run_episodes([{}], sampler, TOK, Endless, max_turns=2)
+    (ep,) = multiturn.run_episodes([()], sampler, TOK, Endless, max_turns=2)
     assert ep.ids == [11, EOS] + enc("ok") + [11, EOS]
     assert ep.mask == [1, 1, 0, 0, 1, 1]
     assert ep.rewards == [0.5, 0.5] and not ep.done
@@ -111,7 +112,8 @@ def test_driver_max_turns_caps_episodes_without_trailing_observation():
 
 def test_rollout_columns_text_and_reward_column():
     cols = multiturn.rollout_columns(
-        {k: [r[k] for r in ROWS] for k in ROWS[0]}, ScriptedSampler(), TOK,
+        {"prompt": [r["prompt"] for r in ROWS], "context": [(r["answer"],) for r in ROWS],
+         "_row": [r["_row"] for r in ROWS]}, ScriptedSampler(), TOK,
         "asyncflow.envs:digits_dialogue", {"max_turns": 3, "temperature": 1.0},  # not accepted
         max_turns=3, outputs=("response", "logprobs", "reward"))
     assert set(cols) == {"response", "logprobs", "reward"}
@@ -121,7 +123,7 @@ def test_rollout_columns_text_and_reward_column():
     assert a.mask == (1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1)
     assert len(cols["logprobs"][0]) == len(a.ids)
     assert cols["reward"] == pytest.approx([1.0, 0.0, 1 / 3])
-    two = multiturn.rollout_columns({"prompt": ["2+2="], "answer": ["4"]}, ScriptedSampler(), TOK,
+    two = multiturn.rollout_columns({"prompt": ["2+2="], "context": [("4",)]}, ScriptedSampler(), TOK,
                                     digits_dialogue, None, 3, ("response", "logprobs"))
     assert set(two) == {"response", "logprobs"}  # reward only when declared
 
@@ -192,7 +194,7 @@ ENV = {"env": "asyncflow.envs:digits_dialogue",
 def test_hf_multiturn_generate_matches_scorer_on_agent_tokens():
     gen = hf("rollout", {"max_new_tokens": 3, "max_turns": 3}, ("response", "logprobs", "reward"),
              extra=ENV)
-    batch = {"prompt": [r["prompt"] for r in ROWS], "answer": [r["answer"] for r in ROWS],
+    batch = {"prompt": [r["prompt"] for r in ROWS], "context": [(r["answer"],) for r in ROWS],
              "_row": [0, 1, 2]}
     out = gen.generate(batch)
     assert set(out) == {"response", "logprobs", "reward"}
@@ -203,7 +205,7 @@ def test_hf_multiturn_generate_matches_scorer_on_agent_tokens():
         # never done early (stop_on_error false): 3 agent turns, 2 observations in between;
         # replaying the environment on the agent turns gives back the observation tokens
         env = DigitsDialogue(max_turns=3, stop_on_error=False)
-        env.reset(row)
+        env.reset(row["prompt"], row["answer"])
         ids, mask, turns, total, i = list(resp.ids), list(resp.mask), 0, 0.0, 0
         while i < len(ids):
             j = i

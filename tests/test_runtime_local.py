@@ -47,9 +47,9 @@ def test_run_dir_files(tmp_path):
     assert r.samples == 4 * SPS
 
 
-def keep_even_groups(batch):
+def keep_even_groups(rewards, groups):
     """A filter keeping the groups of even prompts (whole groups, half of every step)."""
-    return [g % 2 == 0 for g in batch["_group"]]
+    return [g % 2 == 0 for g in groups]
 
 
 FILTERED = PIPELINE.replace("""  advantage:

@@ -6,13 +6,12 @@ from typing import List, Optional
 import typer
 
 from asyncflow.check import check_file
+from asyncflow.console import SetOpt, err, out
 from asyncflow.diagnostics import Diagnostics
 from asyncflow.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
-    from asyncflow.cli import SetOpt, err, out
-
     @app.command()
     def check(files: List[str] = typer.Argument(..., help="pipeline files (.yaml, .yml, .af)"),
               set_: Optional[List[str]] = SetOpt) -> None:

@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from asyncflow.console import SetOpt, err, out, usage_error
+
 
 def _fmt_s(x: float) -> str:
     if x == 0:
@@ -93,17 +95,7 @@ def plan_tables(plan):
     return out
 
 
-def usage_error(message: str) -> None:
-    """Print a usage error and exit 2 (like click's, without relying on which click raised it)."""
-    from asyncflow.cli import err
-
-    err.print(f"error: {message}", style="red", markup=False)
-    raise SystemExit(2)
-
-
 def register(app: typer.Typer) -> None:
-    from asyncflow.cli import SetOpt, out
-
     @app.command("compile")
     def compile_(file: str = typer.Argument(..., help="pipeline file (.yaml, .yml, .af)"),
                  set_: Optional[List[str]] = SetOpt,
@@ -137,8 +129,6 @@ def register(app: typer.Typer) -> None:
             result = compile_file(file, set_ or (), device_kind=device_kind.lower(),
                                   dump_after=dump_after, ctx=ctx)
         finally:
-            from asyncflow.cli import err
-
             for d in ctx.diags.items:
                 if d.severity != "error":
                     err.print(d.render(), markup=False)

@@ -6,12 +6,11 @@ from typing import List, Optional
 
 import typer
 
+from asyncflow.console import SetOpt, out
 from asyncflow.dsl.load import load_file
 
 
 def register(app: typer.Typer) -> None:
-    from asyncflow.cli import SetOpt, out
-
     @app.command()
     def fmt(file: str = typer.Argument(..., help="pipeline file (.yaml, .yml, .af)"),
             to: Optional[str] = typer.Option(None, "--to", help="yaml or af (default: the file's own)"),

@@ -16,6 +16,8 @@ from typing import List, Optional
 
 import typer
 
+from asyncflow.console import SetOpt, err, out, state
+
 
 def _fmt(x, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
@@ -32,10 +34,9 @@ def _gpu_visible() -> bool:
 
 
 def register(app: typer.Typer) -> None:
-    from asyncflow.cli import SetOpt, err, out
-
     @app.command()
-    def run(file: str = typer.Argument(..., help="pipeline file (.yaml, .yml, .af)"),
+    def run(ctx: typer.Context,
+            file: str = typer.Argument(..., help="pipeline file (.yaml, .yml, .af)"),
             set_: Optional[List[str]] = SetOpt,
             backend: str = typer.Option("ray", "--backend",
                                         help="ray (default: local Ray, or --address) | local (threads)"),
@@ -103,7 +104,7 @@ def register(app: typer.Typer) -> None:
             result = getattr(driver, "result", None)
         except RunError as e:
             err.print(f"run failed: {e}", style="red", markup=False)
-            if os.environ.get("ASYNCFLOW_DEBUG") and e.details:
+            if state(ctx).debug and e.details:
                 err.print(e.details, markup=False)
             raise typer.Exit(1)
         finally:

@@ -23,6 +23,8 @@ from typing import List, Optional
 
 import typer
 
+from asyncflow.console import SetOpt, out, usage_error
+
 PIPELINE_SUFFIXES = (".yaml", ".yml", ".af")
 DRAWERS = {"trace": ("asyncflow.viz.timeline", "draw_timeline"),
            "metrics": ("asyncflow.viz.metrics", "draw_metrics")}
@@ -99,17 +101,7 @@ def draw(path: str, out: str, sets=(), device_kind: str = "auto") -> Path:
     return render(plan, outp)
 
 
-def usage_error(message: str) -> None:
-    """Print a usage error and exit 2 (like click's, without relying on which click raised it)."""
-    from asyncflow.cli import err
-
-    err.print(f"error: {message}", style="red", markup=False)
-    raise SystemExit(2)
-
-
 def register(app: typer.Typer) -> None:
-    from asyncflow.cli import SetOpt, out
-
     @app.command()
     def viz(target: str = typer.Argument(..., metavar="FILE|PLAN|TRACE",
                                          help="a pipeline (.yaml/.af), a plan .json, a trace.json or metrics.jsonl"),

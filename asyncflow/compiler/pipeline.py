@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from asyncflow.compiler.passes.bind import bind
 from asyncflow.compiler.passes.cost import cost
 from asyncflow.compiler.passes.lower import lower
 from asyncflow.compiler.passes.overlap import overlap
@@ -48,6 +49,7 @@ FRONT = [
 ]
 PASSES = [
     Pass("validate", _validate, "the language's rules (AF3xx); stops here on any user error"),
+    Pass("bind", bind, "each field's role and type from its producer; inputs bound by role (AF37x)"),
     Pass("staleness", staleness, "version lag of every task and edge, run-ahead, channel capacity"),
     Pass("placement", placement, "pools -> Ray bundles, replicas -> bundles, time-sharing order"),
     Pass("overlap", overlap, "streaming granularity of every edge, what runs concurrently"),

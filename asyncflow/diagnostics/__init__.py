@@ -23,7 +23,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from asyncflow.dsl.loc import SOURCES, SourceLoc, Sources
+from asyncflow.loc import SourceLoc, Sources
 from asyncflow.errors import UserError
 
 
@@ -61,14 +61,18 @@ class Diagnostic:
     loc: SourceLoc | None
     hint: str | None = None
     severity: str = "error"
+    # the texts its location points into (those of the Diagnostics that made it)
+    sources: Sources | None = field(default=None, repr=False, compare=False)
 
     def headline(self) -> str:
         where = f"{self.loc}: " if self.loc else ""
         return f"{where}{self.code} {self.message}"
 
-    def render(self, sources: Sources = SOURCES) -> str:
+    def render(self, sources: Sources | None = None) -> str:
+        """The headline, the quoted source line with a caret under the location, the hint."""
         out = [self.headline()]
-        if self.loc is not None:
+        sources = sources if sources is not None else self.sources
+        if self.loc is not None and sources is not None:
             text = sources.line(self.loc)
             if text is not None:
                 width = 1
@@ -110,14 +114,18 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
 
 
 class Diagnostics:
-    """Collects diagnostics so that all independent errors of a file are reported at once."""
+    """Collects diagnostics so that all independent errors of a file are reported at once.
 
-    def __init__(self) -> None:
+    It owns the :class:`Sources` its diagnostics point into: the loaders add every text they
+    read (a file, a ``--set`` override) to ``sources``, and a diagnostic renders from it."""
+
+    def __init__(self, sources: Sources | None = None) -> None:
         self.items: list[Diagnostic] = []
+        self.sources = sources if sources is not None else Sources()
 
     def add(self, code: str, loc: SourceLoc | None, hint: str | None = None, **fmt) -> Diagnostic:
         spec = table()[code]
-        d = Diagnostic(code, spec.message.format(**fmt), loc, hint, spec.severity)
+        d = Diagnostic(code, spec.message.format(**fmt), loc, hint, spec.severity, self.sources)
         # the same finding at the same place is reported once
         if not any(x.code == d.code and x.loc == d.loc and x.message == d.message for x in self.items):
             self.items.append(d)
@@ -135,9 +143,11 @@ class Diagnostics:
         return bool(self.errors)
 
 
-def error(code: str, loc: SourceLoc | None, hint: str | None = None, **fmt) -> UserError:
-    """One located diagnostic as an exception, for the places that cannot go on."""
-    d = Diagnostics()
+def error(code: str, loc: SourceLoc | None, hint: str | None = None, *,
+          sources: Sources | None = None, **fmt) -> UserError:
+    """One located diagnostic as an exception, for the places that cannot go on; ``sources``
+    holds the text its location points into (when the caret line should be quoted)."""
+    d = Diagnostics(sources)
     d.add(code, loc, hint, **fmt)
     return UserError(d.items)
 

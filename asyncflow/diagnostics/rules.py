@@ -10,12 +10,23 @@ AF33x    estimators and losses
 AF34x    ``module:function`` references and files
 AF35x    weight-sync edges
 AF36x    batch arithmetic and task ``args``
+AF37x    bindings: each input's role and type (:mod:`asyncflow.compiler.passes.bind`)
 =======  ===============================================================
 """
-from asyncflow.diagnostics import Code
-from asyncflow.diagnostics.examples import mutate
+from asyncflow.diagnostics import Code, Example
+from asyncflow.diagnostics.examples import BASE, mutate
 
 _W = "warning"
+
+
+def _edit(*pairs, at: str) -> Example:
+    """BASE with several replacements (a mistake that needs two edits to pass the earlier rules)."""
+    text = BASE
+    for old, new in pairs:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return Example(text, at)
+
 
 CODES = [
     # -- AF30x data flow ----------------------------------------------------------------------
@@ -154,4 +165,33 @@ CODES = [
          (mutate("    kind: train\n    engine: hf\n    model: policy\n    pool: train\n    loss: grpo\n",
                  "    kind: custom\n    fn: asyncflow.rewards:digits_match\n    keep: []\n", at="tasks:"),),
          severity=_W),
+    # -- AF37x bindings (the bind pass) --------------------------------------------------------
+    Code("AF370", "missing-role",
+         "{kind} task '{task}' needs its {role} ({type}), and none of its inputs is one",
+         (_edit(("    outputs: [response, logprobs]\n", "    outputs: [response, logprobs]\n    keep: [logprobs]\n"),
+                ("[prompt, response, logprobs, ref_logprobs, advantages]",
+                 "[prompt, response, ref_logprobs, advantages]"),
+                at="[prompt, response, ref_logprobs, advantages]"),)),
+    Code("AF371", "ambiguous-role", "inputs '{a}' and '{b}' of task '{task}' could both be its {role} ({type})",
+         (mutate("[prompt, response, logprobs, ref_logprobs, advantages]",
+                 "[prompt, answer, response, logprobs, ref_logprobs, advantages]",
+                 at="answer, response, logprobs"),)),
+    Code("AF372", "role-type-mismatch",
+         "input {field} of task '{task}' does not fit: a {kind} task needs its {role} as {type}",
+         (_edit(("    outputs: [response, logprobs]\n", "    outputs: [response, logprobs]\n    keep: [logprobs]\n"),
+                ("[prompt, response, logprobs, ref_logprobs, advantages]",
+                 "[prompt, response, reward, ref_logprobs, advantages]"),
+                at="reward, ref_logprobs"),)),
+    Code("AF373", "unused-input", "input {field} has no place in {kind} task '{task}'",
+         (mutate("    inputs: [prompt, response]\n    outputs: [ref_logprobs]",
+                 "    inputs: [prompt, response, reward]\n    outputs: [ref_logprobs]",
+                 at="reward]\n    outputs: [ref_logprobs]"),)),
+    Code("AF374", "fn-arity", "{fn} does not fit the inputs of task '{task}': {problem}",
+         (mutate("    inputs: [prompt, answer, response]", "    inputs: [answer, response]",
+                 at="[answer, response]"),)),
+    Code("AF375", "too-many-outputs",
+         "task '{task}' lists {n} outputs, but a {kind} task writes at most {most} ({roles})",
+         (mutate("    outputs: [response, logprobs]\n", "    outputs: [response, logprobs, extra]\n    keep: [extra]\n",
+                 at="extra]\n    keep"),)),
 ]
+

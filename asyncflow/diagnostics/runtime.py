@@ -1,4 +1,5 @@
-"""AF6xx: user errors found when a plan runs (data that cannot be read, a bad resume directory)."""
+"""AF6xx: user errors found when a plan runs (data that cannot be read, a bad resume directory,
+a user function that raises, an output that does not fit its role's type)."""
 from asyncflow.diagnostics import Code
 
 CODES = [
@@ -8,4 +9,8 @@ CODES = [
     Code("AF604", "cluster-lacks-resources",
          "pool '{pool}' needs {need:g} {resource} in one bundle but no node of the Ray cluster has "
          "that much (the largest has {have:g}; the cluster: {cluster})"),
+    # raised by workers (asyncflow.runtime.contract), located at the task's definition
+    Code("AF610", "task-raised", "task '{task}': {fn} raised {error} (row {row})"),
+    Code("AF611", "task-output-missing", "task '{task}': output '{field}' {problem} (row {row})"),
+    Code("AF612", "task-output-type", "task '{task}': output '{field}' holds {problem} (row {row})"),
 ]

@@ -68,7 +68,8 @@ class HFEngine:
         self.version = 0
         self.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + spec.replica)
 
-        self.model, self.tokenizer = models.load(spec.model["init"], spec.model.get("args"))
+        self.model, self.tokenizer = models.load(spec.model["init"], spec.model.get("args"),
+                                                 paths=spec.extra.get("search_path", ()))
         self.model.to(self.device, dtype=torch.float32)
         self.critic = spec.kind == "value" or spec.loss == "value"
         self.value_head = None
@@ -152,7 +153,8 @@ class HFEngine:
             return multiturn.rollout_columns(
                 batch, self._sample, self.tokenizer, self.spec.extra["env"],
                 self.spec.extra.get("env_args"),
-                int(self.args.get("max_turns") or multiturn.DEFAULT_MAX_TURNS), out_names)
+                int(self.args.get("max_turns") or multiturn.DEFAULT_MAX_TURNS), out_names,
+                self.spec.extra.get("search_path", ()))
         prompts = [self._prompt_ids(p) for p in batch["prompt"]]
         if not prompts:
             return {name: [] for name in out_names[:2]}

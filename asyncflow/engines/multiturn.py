@@ -9,7 +9,8 @@ which continues each token-id prefix by one agent turn (its new ids, stopping af
 ``max_new_tokens``, and the sampling log-prob of each). :func:`run_episodes` then, for a batch of
 rows:
 
-1. builds one environment per row (``factory(**env_args)``) and calls ``reset(row)``; the first
+1. builds one environment per row (``factory(**env_args)``) and calls ``reset(prompt, *context)``
+   (the rollout task's inputs in their declared order: the prompt, then the rest); the first
    observation is the prompt: ``prompt_ids = [bos] + encode(observation)`` (no ``bos`` when the
    tokenizer has none);
 2. for turn ``1 .. max_turns``, samples the agent turn of *every still-active episode in one
@@ -41,7 +42,6 @@ context the sampler saw at every agent token, so behaviour and recomputed log-pr
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -77,15 +77,14 @@ class Episode:
         return Text(tokenizer.decode(self.ids), self.ids, self.prompt_ids, self.mask)
 
 
-def resolve_factory(target: str | Callable) -> Callable:
-    """``"module:factory"`` (or a callable, returned as is) -> the callable."""
+def resolve_factory(target: str | Callable, paths=()) -> Callable:
+    """``"module:factory"`` (or a callable, returned as is) -> the callable; ``paths`` are
+    searched before ``sys.path`` (:func:`asyncflow.refs.resolve`)."""
     if callable(target):
         return target
-    module, _, attr = str(target).partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    from asyncflow.refs import resolve
+
+    return resolve(str(target), paths)
 
 
 def accepted_kwargs(fn: Callable, args: dict | None) -> dict:
@@ -107,12 +106,13 @@ def _prompt_ids(tokenizer, observation) -> list[int]:
     return ([bos] if bos is not None else []) + list(tokenizer.encode(str(observation)))
 
 
-def run_episodes(rows: list[dict], sample: Sampler, tokenizer, make_env: Callable[[], Any],
+def run_episodes(rows: list[tuple], sample: Sampler, tokenizer, make_env: Callable[[], Any],
                  max_turns: int = DEFAULT_MAX_TURNS) -> list[Episode]:
-    """Run one episode per row (see the module docstring); all active episodes are sampled
-    together, one batched ``sample`` call per turn."""
+    """Run one episode per row (see the module docstring): ``rows`` holds each episode's
+    ``reset`` arguments; all active episodes are sampled together, one batched ``sample`` call
+    per turn."""
     envs = [make_env() for _ in rows]
-    episodes = [Episode(_prompt_ids(tokenizer, env.reset(row))) for env, row in zip(envs, rows)]
+    episodes = [Episode(_prompt_ids(tokenizer, env.reset(*row))) for env, row in zip(envs, rows)]
     active = list(range(len(rows)))
     for turn in range(1, max(int(max_turns), 0) + 1):
         if not active:
@@ -145,19 +145,19 @@ def run_episodes(rows: list[dict], sample: Sampler, tokenizer, make_env: Callabl
 
 def rollout_columns(batch: dict, sample: Sampler, tokenizer, env: str | Callable,
                     env_args: dict | None = None, max_turns: int = DEFAULT_MAX_TURNS,
-                    outputs=("response", "logprobs")) -> dict[str, list]:
-    """A rollout task's output columns for ``batch``: ``outputs[0]`` the responses (masked
-    :class:`~asyncflow.tokens.Text`), ``outputs[1]`` the per-token log-probs, and ``reward``
-    (the episode return) when it is one of ``outputs``. ``env_args`` are passed to the factory
-    as the keywords it accepts."""
-    outputs = list(outputs) or ["response", "logprobs"]
-    factory = resolve_factory(env)
+                    outputs=("response", "logprobs"), paths=()) -> dict[str, list]:
+    """A rollout task's output columns for ``batch`` (keyed by role: ``prompt``, and
+    ``context``, one tuple of further inputs per row): ``response`` (masked
+    :class:`~asyncflow.tokens.Text`), ``logprobs`` (per token), and ``reward`` (the episode
+    return) when it is one of ``outputs``. ``env_args`` are passed to the factory as the
+    keywords it accepts; ``paths``: where the factory's module is looked up first."""
+    factory = resolve_factory(env, paths)
     kwargs = accepted_kwargs(factory, env_args)
-    n = len(batch.get("_row") or batch.get("prompt") or next(iter(batch.values()), []))
-    rows = [{k: v[i] for k, v in batch.items()} for i in range(n)]
+    prompts = batch["prompt"]
+    context = batch.get("context") or [()] * len(prompts)
+    rows = [(p, *c) for p, c in zip(prompts, context)]
     episodes = run_episodes(rows, sample, tokenizer, lambda: factory(**kwargs), max_turns)
-    cols = {outputs[0]: [ep.text(tokenizer) for ep in episodes],
-            outputs[1]: [list(ep.logprobs) for ep in episodes]}
-    if "reward" in outputs[2:]:
-        cols["reward"] = [ep.ret for ep in episodes]
-    return cols
+    cols = {"response": [ep.text(tokenizer) for ep in episodes],
+            "logprobs": [list(ep.logprobs) for ep in episodes],
+            "reward": [ep.ret for ep in episodes]}
+    return {o: cols[o] for o in (outputs or ("response", "logprobs"))}

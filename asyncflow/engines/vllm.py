@@ -109,7 +109,8 @@ class VLLMEngine:
 
         _quiet_expected_warnings()
 
-        loaded = models.load(self.spec.model["init"], self.spec.model.get("args"))
+        loaded = models.load(self.spec.model["init"], self.spec.model.get("args"),
+                             paths=self.spec.extra.get("search_path", ()))
         _check_head_size(loaded.model.config, current_platform)
         models.save(loaded, self._dir.name)
         tokenizer = loaded.tokenizer

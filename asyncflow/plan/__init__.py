@@ -12,7 +12,7 @@ StepPlan        batch units: prompts_per_step, samples_per_prompt, samples_per_s
 ModelPlan       a model: init+args (copy_of resolved), frozen, the train task that updates it
 SourcePlan      a data source: factory or path, args, fields
 PoolPlan        a pool: devices, device kind (GPU or CPU slot), its placement-group bundles
-TaskPlan        a task with its resolved settings and staleness annotations
+TaskPlan        a task with its resolved settings, bindings and staleness annotations
 WorkerPlan      one replica of a task: its pool bundles and its op list
 Op              one READ / COMPUTE / WRITE / PUBLISH / ADOPT / WAIT op of a worker
 ChannelPlan     one data edge: fields, streaming granularity, staleness, capacity (rows)
@@ -75,6 +75,7 @@ class PoolPlan:
     device_kind: str  # "GPU" | "CPU"
     bundles: list[Bundle] = field(default_factory=list)
     tasks: list[str] = field(default_factory=list)  # in time-sharing order (colocated)
+    loc: str = ""  # "file:line:col" where the pool is defined (for run-time errors)
 
 
 @dataclass
@@ -101,6 +102,9 @@ class TaskPlan:
     time_share: int = 0  # position in its pool's time-sharing order
     stage: int = 0  # number of step barriers before it within a step (overlap pass)
     read_rows: int = 0  # rows per READ (0: whatever is ready)
+    bind_in: list = field(default_factory=list)  # [field, role] of each input (bind pass)
+    bind_out: list = field(default_factory=list)  # [field, role] of each output
+    loc: str = ""  # "file:line:col" where the task is defined (for run-time errors)
 
 
 @dataclass
@@ -180,6 +184,7 @@ class Plan:
     estimate: Estimate | None = None
     format: int = PLAN_FORMAT
     device_kind: str = "CPU"  # what a pool device is: "GPU" or "CPU" (a CPU slot)
+    fields: dict = field(default_factory=dict)  # field -> {role, type, producer} (bind pass)
 
     def task(self, name: str) -> TaskPlan:
         for t in self.tasks:

@@ -204,6 +204,7 @@ def check_feasible(plan, nodes: list[dict]) -> None:
     GPU or a custom resource that no node of the cluster has: Ray would otherwise wait for the
     placement group forever. CPU slots are not checked: they are scaled down to fit (sim)."""
     from asyncflow.diagnostics import error
+    from asyncflow.loc import Sources
 
     for pool in plan.pools:
         for b in pool.bundles:
@@ -222,7 +223,10 @@ def check_feasible(plan, nodes: list[dict]) -> None:
                             "picks CPU slots when there is no GPU)" if res == "GPU" else
                             f"start a node with `ray start --resources '{{\"{res}\": {need:g}}}'`"
                             " or remove the pool's resources entry")
-                    raise error("AF604", _pool_loc(plan, pool.name), hint, pool=pool.name,
+                    loc = _pool_loc(plan, pool.name)
+                    sources = Sources()  # the error quotes the pool's line
+                    sources.add_file(loc.file)
+                    raise error("AF604", loc, hint, sources=sources, pool=pool.name,
                                 need=need, resource=res, have=have,
                                 cluster=", ".join(f"{k} {v:g}" for k, v in sorted(cluster.items())))
 
@@ -231,7 +235,7 @@ def _pool_loc(plan, pool: str):
     """Where ``pool`` is declared in the pipeline file (its key under ``pools``), else the file."""
     import re
 
-    from asyncflow.dsl.loc import SourceLoc
+    from asyncflow.loc import SourceLoc
 
     path = getattr(plan, "source_file", None) or "<plan>"
     try:

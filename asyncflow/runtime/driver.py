@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from asyncflow import refs
 from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan
 from asyncflow.runtime.backends import make_backend
-from asyncflow.runtime.tasks import resolve
 from asyncflow.runtime.trace import MetricsLog, mean_std, write_trace
 
 
@@ -58,6 +58,27 @@ class RunError(AsyncflowError):
         self.details = details
 
 
+def worker_error(wid: str, msg, tb: str) -> AsyncflowError:
+    """What the driver raises when a worker fails: a located AF6xx error when the worker found a
+    user error (``msg`` is :meth:`~asyncflow.runtime.contract.TaskError.payload`), else
+    :class:`RunError` with the worker's traceback."""
+    if not isinstance(msg, dict):
+        return RunError(f"worker {wid} failed: {msg}", tb)
+    from asyncflow.diagnostics import error
+    from asyncflow.loc import SourceLoc, Sources
+
+    loc, sources = None, Sources()
+    file, _, rest = str(msg.get("loc") or "").rpartition(":")
+    file, _, line = file.rpartition(":")
+    if file and line.isdigit() and rest.isdigit():
+        loc = SourceLoc(file, int(line), int(rest))
+        sources.add_file(file)
+    fields = {k: v for k, v in msg["fields"].items() if k != "tb"}
+    e = error(msg["code"], loc, f"in worker {wid}", sources=sources, **fields)
+    e.details = msg["fields"].get("tb") or tb
+    return e
+
+
 @dataclass
 class RunResult:
     metrics: list[dict]
@@ -76,24 +97,28 @@ class RunResult:
         return self.samples / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def load_prompts(plan: Plan) -> list[dict]:
+def load_prompts(plan: Plan, paths: list[str] | None = None) -> list[dict]:
     """The rows of the plan's (first) data source, restricted to its declared fields.
 
     A data file is looked up as the validate pass does (absolute, else beside the pipeline file,
-    else in the working directory) and read by :mod:`asyncflow.datasets`; a file or factory that
-    fails is a user error (AF601-AF603), located in the data file where the loader says where.
+    else in the working directory) and read by :mod:`asyncflow.datasets`; a ``module:factory``
+    is imported from ``paths`` first (default: :func:`asyncflow.refs.search_path` of the
+    pipeline file, as ``check`` looks it up). A file or factory that fails is a user error
+    (AF601-AF603), located in the data file where the loader says where.
     """
     import re
 
     from asyncflow import datasets
     from asyncflow.diagnostics import error
-    from asyncflow.dsl.loc import SOURCES, SourceLoc
+    from asyncflow.loc import SourceLoc, Sources
 
     if not plan.data:
         raise RunError("the plan has no data source")
     src = plan.data[0]
     s = src.source
     here = SourceLoc(plan.source_file or "<plan>", 1, 1)
+    sources = Sources()  # the texts the error may quote: the pipeline file, the data file
+    sources.add_file(here.file)
     try:
         if s.endswith((".jsonl", ".json", ".parquet")):
             path = s
@@ -108,26 +133,26 @@ def load_prompts(plan: Plan) -> list[dict]:
                 with open(path) as f:
                     rows = json.load(f)
         else:
-            rows = list(resolve(s)(**(src.args or {})))
+            if paths is None:
+                paths = refs.search_path(plan.source_file or None)
+            rows = list(refs.resolve(s, paths)(**(src.args or {})))
     except (OSError, ValueError, ImportError, TypeError) as e:
         reason = str(e)
         m = re.match(r"^(.+?):(\d+): (.*)$", reason)
         loc = here
         if m:  # the loader named the file and line: point there, with the line quoted
             loc = SourceLoc(m.group(1), int(m.group(2)), 1)
-            try:
-                SOURCES.add(m.group(1), open(m.group(1)).read())
-            except OSError:
-                pass
+            sources.add_file(m.group(1))
             reason = m.group(3)
-        raise error("AF601", loc, name=src.name, source=s, reason=reason) from None
+        raise error("AF601", loc, sources=sources, name=src.name, source=s, reason=reason) from None
     if not rows:
-        raise error("AF602", here, name=src.name, source=s)
+        raise error("AF602", here, sources=sources, name=src.name, source=s)
     fields = src.fields or list(rows[0])
     for i, r in enumerate(rows):
         missing = next((f for f in fields if f not in r), None)
         if missing is not None:
-            raise error("AF603", here, name=src.name, source=s, row=i, field=missing)
+            raise error("AF603", here, sources=sources, name=src.name, source=s, row=i,
+                        field=missing)
     return [{f: r[f] for f in fields} for r in rows]
 
 
@@ -149,6 +174,9 @@ class Driver:
         self.out_dir = out_dir
         defaults = RAY_DEFAULTS if backend == "ray" else LOCAL_DEFAULTS
         self.options = {**defaults, **(options or {})}
+        # where `module:name` references are imported from, by the driver and every worker
+        # (absolute: Ray workers need not share our cwd), as `check` looks them up
+        self.options.setdefault("search_path", refs.search_path(plan.source_file or None))
         self.on_step = on_step
         self.poll_s = DRIVER_POLL_S.get(backend, 0.01) if poll_s is None else poll_s
         self.backend = None
@@ -169,7 +197,7 @@ class Driver:
     def run(self) -> RunResult:
         plan = self.plan
         st = plan.step
-        prompts = load_prompts(plan)
+        prompts = load_prompts(plan, self.options["search_path"])
         from asyncflow.runtime import checkpoint as ckpt
 
         resumed = ckpt.prepare_resume(self.out_dir, st.samples_per_step) if self.resume else None
@@ -230,7 +258,7 @@ class Driver:
                     drops[reason] = drops.get(reason, 0) + n
                 if c["errors"]:
                     wid, msg, tb = c["errors"][0]
-                    raise RunError(f"worker {wid} failed: {msg}", tb)
+                    raise worker_error(wid, msg, tb)
                 for task, rep in c["reports"]:
                     pending_reports.setdefault(rep["step"], {})[task] = rep
                     done[task] = max(done.get(task, 0), rep["step"] + 1)
@@ -336,7 +364,7 @@ class Driver:
             errors = ctl.errors()
             if errors:
                 wid, msg, tb = errors[0]
-                raise RunError(f"worker {wid} failed: {msg}", tb)
+                raise worker_error(wid, msg, tb)
             self._check_workers(be)
             time.sleep(self.poll_s)
         raise RunError("workers did not start within the start-up timeout")

@@ -1,148 +1,151 @@
 """Running the tasks that are functions, not engines: reward, advantage, filter, custom.
 
-Every runner maps a column batch (the task's inputs plus ``_row``/``_group``/``_version``) to
-``(outputs, keep)``: ``outputs`` the columns the task declared, one value per row; ``keep`` a
-``list[bool]`` for filters (rows marked False are dropped from the store) or None.
+Every runner maps a column batch (the task's input *fields* plus ``_row``/``_group``/``_version``)
+to ``(outputs, keep)``: ``outputs`` the columns of the task's declared output fields, one value
+per row; ``keep`` a ``list[bool]`` for filters (rows marked False are dropped from the store) or
+None. Fields are the user's labels: what each one means comes from the plan's bindings (the
+compiler's ``bind`` pass), never from its name.
 
-- ``reward`` / ``custom``: ``fn`` ("module:function") is called once per row with the input
-  fields as keyword arguments, or -- with ``batched: true`` -- once per batch with the column
-  dict. The task's ``args`` are passed as keyword arguments the function accepts. A row call
-  returns one value (one output) or a tuple/dict (several); a batched call returns a list, or a
-  dict of columns.
-- ``advantage``: :func:`asyncflow.algos.advantages.estimate_columns` with the estimator name,
-  the ``reward`` column (or the first input), ``_group``, ``values`` / ``kl`` when they are
-  inputs, and the task's ``args`` as the estimator's settings.
-- ``filter``: ``fn`` called batched on whole groups (``asyncflow/filters.py`` convention) returns
+- ``reward`` / ``custom``: ``fn`` ("module:function") is called once per row with the inputs
+  in the declared order, ``fn(*inputs, **args)``, or -- with ``batched: true`` -- once per batch
+  with one column per input, in the declared order. The task's ``args`` are passed as the
+  keywords the function accepts. A row call returns one value (one output) or a tuple (several,
+  in the declared order); a batched call returns a list, or a tuple of lists.
+- ``advantage``: :func:`asyncflow.algos.estimate_columns` with the estimator name, the column
+  bound to the ``reward`` role, ``_group``, the column bound to ``values`` (gae), and the task's
+  ``args`` as the estimator's settings; its columns go to the outputs bound to their roles.
+- ``filter``: ``fn(*input columns, groups=<group of each row>, **args)`` on whole groups returns
   one bool per row; each declared output is written as the keep flag of the rows kept.
+
+A user function that raises (or calls ``sys.exit``) is a located AF610 error.
 """
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
-from typing import Any, Callable
+import traceback
+from typing import Any, Callable, Sequence
+
+from asyncflow.refs import call_params, resolve
+from asyncflow.runtime.contract import TaskError
 
 Columns = dict[str, list]
 
 
-@functools.lru_cache(maxsize=None)
-def resolve(target: str) -> Callable:
-    module, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _accepted(fn: Callable, args: dict) -> dict:
     """The ``args`` that ``fn`` accepts as keywords (all of them if it takes ``**kwargs``)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
+    params = call_params(fn)
+    if params is None:
         return dict(args)
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return dict(args)
-    return {k: v for k, v in args.items() if k in params}
+    return {k: v for k, v in args.items() if params.accepts(k)}
 
 
 def _n(batch: Columns) -> int:
     return len(batch.get("_row") or next(iter(batch.values()), []))
 
 
-def _to_columns(result: Any, outputs: list[str], n: int, what: str) -> Columns:
-    if isinstance(result, dict):
-        missing = [o for o in outputs if o not in result]
-        if missing:
-            raise ValueError(f"{what} returned no column {missing[0]!r}")
-        cols = {o: list(result[o]) for o in outputs}
-    elif len(outputs) == 1:
-        cols = {outputs[0]: list(result)}
-    else:
-        raise ValueError(f"{what} must return a dict of columns for its outputs {outputs}")
-    for o, col in cols.items():
-        if len(col) != n:
-            raise ValueError(f"{what} returned {len(col)} values of {o!r} for {n} rows")
-    return cols
+def _user_call(task, fn: Callable, rows: Sequence[int], *args, **kwargs) -> Any:
+    """``fn(*args, **kwargs)``; what it raises becomes AF610 naming the task and its first row."""
+    try:
+        return fn(*args, **kwargs)
+    except (Exception, SystemExit) as e:
+        raise TaskError("AF610", task, fn=task.fn or task.env,
+                        error=f"{e.__class__.__name__}: {e}",
+                        row=rows[0] if rows else 0, tb=traceback.format_exc()) from None
+
+
+def _columns(result: Any, outputs: list[str], task, rows) -> Columns:
+    """A batched result -> one column per output (a list for one output, a tuple for several)."""
+    try:
+        if len(outputs) == 1 and not isinstance(result, (tuple, str, dict)):
+            return {outputs[0]: list(result)}
+        if isinstance(result, tuple) and len(result) == len(outputs):
+            return {o: list(c) for o, c in zip(outputs, result)}
+    except TypeError:
+        pass
+    raise TaskError("AF611", task, field=", ".join(outputs), row=rows[0] if rows else 0,
+                    problem=f"returned {type(result).__name__}; a batched function returns a "
+                            f"list, or a tuple of {len(outputs)} lists (one per output)")
 
 
 class FnRunner:
-    """reward / custom: a user function over rows or batches."""
+    """reward / custom: a user function over rows or batches, inputs in the declared order."""
 
-    def __init__(self, task):
+    def __init__(self, task, paths: Sequence[str] = ()):
         self.task = task
-        self.fn = resolve(task.fn)
+        self.fn = resolve(task.fn, paths)
         self.kwargs = _accepted(self.fn, task.args or {})
 
     def __call__(self, batch: Columns) -> tuple[Columns, None]:
         t, n = self.task, _n(batch)
-        what = f"{t.kind} task {t.name!r} ({t.fn})"
+        rows = batch.get("_row") or list(range(n))
+        ins = [batch[f] for f in t.inputs]
         if t.batched:
-            return _to_columns(self.fn(batch, **self.kwargs), t.outputs, n, what), None
+            return _columns(_user_call(t, self.fn, rows, *ins, **self.kwargs), t.outputs, t, rows), None
         cols: Columns = {o: [] for o in t.outputs}
-        inputs = [f for f in t.inputs if f in batch]
+        many = len(t.outputs) > 1
         for i in range(n):
-            out = self.fn(**{f: batch[f][i] for f in inputs}, **self.kwargs)
-            if len(t.outputs) == 1:
+            out = _user_call(t, self.fn, rows[i:i + 1], *(c[i] for c in ins), **self.kwargs)
+            if not many:
                 cols[t.outputs[0]].append(out)
-            elif isinstance(out, dict):
-                for o in t.outputs:
-                    cols[o].append(out[o])
-            else:
-                for o, v in zip(t.outputs, out, strict=True):
-                    cols[o].append(v)
+                continue
+            if not isinstance(out, (tuple, list)) or len(out) != len(t.outputs):
+                raise TaskError("AF611", t, field=", ".join(t.outputs), row=rows[i],
+                                problem=f"returned {out!r:.40}; with {len(t.outputs)} outputs a "
+                                        f"function returns a tuple of {len(t.outputs)} values")
+            for o, v in zip(t.outputs, out):
+                cols[o].append(v)
         return cols, None
 
 
 class AdvantageRunner:
     """advantage: one of asyncflow.algos' estimators over a batch of whole groups (or a step)."""
 
-    def __init__(self, task):
-        from asyncflow.algos import advantages
+    def __init__(self, task, paths: Sequence[str] = ()):
+        from asyncflow.algos import estimate_columns
 
         self.task = task
-        self.columns = advantages.estimate_columns
+        self.columns = estimate_columns
+        self.field = {role: f for f, role in task.bind_in}  # role -> field
+        self.out = [(f, role) for f, role in task.bind_out]
 
     def __call__(self, batch: Columns) -> tuple[Columns, None]:
         t = self.task
-        reward = "reward" if "reward" in batch else next(
-            (f for f in t.inputs if "reward" in f), t.inputs[0])
-        values = batch.get("values")
-        kl = batch.get("kl") if "kl" in t.inputs else None
-        out = self.columns(t.estimator, batch[reward], batch["_group"], values, kl=kl,
+        values = batch[self.field["values"]] if "values" in self.field else None
+        out = self.columns(t.estimator, batch[self.field["reward"]], batch["_group"], values,
                            **(t.args or {}))
-        names = list(out)  # "advantages", then "returns" (gae)
-        cols = {o: out[names[i]] for i, o in enumerate(t.outputs) if i < len(names)}
-        return cols, None
+        return {f: out[role] for f, role in self.out}, None
 
 
 class FilterRunner:
     """filter: keep flags over whole groups; dropped rows leave the store."""
 
-    def __init__(self, task):
+    def __init__(self, task, paths: Sequence[str] = ()):
         self.task = task
-        self.fn = resolve(task.fn)
+        self.fn = resolve(task.fn, paths)
         self.kwargs = _accepted(self.fn, task.args or {})
+        params = call_params(self.fn)
+        self.groups = params is None or params.accepts("groups")
 
     def __call__(self, batch: Columns) -> tuple[Columns, list[bool]]:
         t, n = self.task, _n(batch)
-        result = self.fn(batch, **self.kwargs)
-        if isinstance(result, dict):
-            keep = [bool(x) for x in result.get("keep", [True] * n)]
-            cols = {o: list(result[o]) if o in result else list(keep) for o in t.outputs}
-        else:
+        rows = batch.get("_row") or list(range(n))
+        kw = dict(self.kwargs)
+        if self.groups:
+            kw["groups"] = list(batch.get("_group") or [0] * n)
+        result = _user_call(t, self.fn, rows, *(batch[f] for f in t.inputs), **kw)
+        try:
             keep = [bool(x) for x in result]
-            cols = {o: list(keep) for o in t.outputs}
+        except TypeError:
+            keep = []
         if len(keep) != n:
-            raise ValueError(f"filter {t.name!r} ({t.fn}) returned {len(keep)} flags for {n} rows")
-        return cols, keep
+            raise TaskError("AF611", t, field="keep flags", row=rows[0] if rows else 0,
+                            problem=f"returned {len(keep)} flags for {n} rows")
+        return {o: list(keep) for o in t.outputs}, keep
 
 
 RUNNERS = {"reward": FnRunner, "custom": FnRunner, "advantage": AdvantageRunner,
            "filter": FilterRunner}
 
 
-def runner_for(task) -> Callable[[Columns], tuple[Columns, list[bool] | None]]:
-    try:
-        return RUNNERS[task.kind](task)
-    except KeyError:
-        raise ValueError(f"task {task.name!r} of kind {task.kind!r} needs an engine") from None
+def runner_for(task, paths: Sequence[str] = ()) -> Callable[[Columns], tuple[Columns, list[bool] | None]]:
+    """The runner of a function task (its kind's ``runner`` in :mod:`asyncflow.kinds`)."""
+    return RUNNERS[task.kind](task, paths)

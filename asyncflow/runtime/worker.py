@@ -28,15 +28,16 @@ import time
 import traceback
 from typing import Any
 
+from asyncflow import kinds
 from asyncflow.engines.base import EngineSpec, load_engine_class
 from asyncflow.plan import Plan
+from asyncflow.runtime.contract import TaskError, check_outputs
 from asyncflow.runtime.gate import Gate, gates_for
-from asyncflow.runtime.tasks import runner_for
+from asyncflow.runtime.tasks import _accepted, runner_for
 from asyncflow.runtime.trace import Recorder
 from asyncflow.runtime.weights import Adopter, publish
 
 RANK = {"sample": 0, "micro_batch": 1, "group": 2, "step": 3}
-ENGINE_KINDS = ("rollout", "logprob", "value", "train")
 
 
 class Crash(BaseException):
@@ -47,7 +48,10 @@ class Stop(BaseException):
     """Raised inside a serve loop when the run is over: in-flight samples are abandoned."""
 
 
-def engine_spec(plan: Plan, task, replica: int) -> EngineSpec:
+def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
+    """What an engine is built from. Its ``inputs``/``outputs`` are *roles* (the kinds table's
+    names: prompt, response, logprobs, ...): the worker renames the store's columns to roles
+    before a call and the engine's columns back to the user's fields after it."""
     model = next((m for m in plan.models if m.name == task.model), None)
     mdict = {"name": model.name, "init": model.init, "args": dict(model.args),
              "frozen": model.frozen} if model else {}
@@ -59,17 +63,18 @@ def engine_spec(plan: Plan, task, replica: int) -> EngineSpec:
              # the main job 7x slower)
              "threads": max(1, task.devices_per_replica) if plan.device_kind == "CPU" else None,
              # scorers and trainers see log-probs at the temperature the rollout sampled with
-             "temperature": _rollout_temperature(plan)}
+             "temperature": _rollout_temperature(plan), "search_path": list(paths)}
     env = getattr(task, "env", None)
     if env:  # a multi-turn rollout: the environment factory and the task args it accepts
-        from asyncflow.runtime.tasks import _accepted, resolve
+        from asyncflow.refs import resolve
 
         extra["env"] = env
-        extra["env_args"] = _accepted(resolve(env), dict(task.args or {}))
+        extra["env_args"] = _accepted(resolve(env, paths), dict(task.args or {}))
+    roles_in = tuple(dict.fromkeys(r for _, r in task.bind_in if r != "keep"))
     return EngineSpec(
         task=task.name, kind=task.kind, model=mdict, args=dict(task.args or {}),
-        inputs=tuple(task.inputs), outputs=tuple(task.outputs), loss=task.loss, seed=plan.seed,
-        replica=replica, replicas=task.replicas, extra=extra)
+        inputs=roles_in, outputs=tuple(r for _, r in task.bind_out), loss=task.loss,
+        seed=plan.seed, replica=replica, replicas=task.replicas, extra=extra)
 
 
 def _rollout_temperature(plan: Plan) -> float:
@@ -117,6 +122,12 @@ class Worker:
         self._rewards: list = []  # (rows, values) to report
         self._drops: list = []  # (rows, reason) to report
         self._stats = {"rows": 0, "leases": 0, "empty_reads": 0, "stale_dropped": 0}
+        self.paths = list(self.opt.get("search_path") or ())
+        # the plan's bindings: which of the store's fields is which role (never a fixed name)
+        self.roles_in = [(f, r) for f, r in self.task.bind_in if r != "keep"]
+        self.roles_out = [(f, r) for f, r in self.task.bind_out]
+        self.out_types = [(f, kinds.ROLES[r].type if r in kinds.ROLES else "any")
+                          for f, r in self.roles_out]
 
     # ------------------------------------------------------------------ control plane
     def kill(self) -> None:
@@ -153,6 +164,26 @@ class Worker:
         if self.task.kind == "reward" and self.task.outputs:
             self._rewards.append((list(rows), list(cols[self.task.outputs[0]])))
 
+    # ------------------------------------------------------------------ bindings
+    def _to_roles(self, cols: dict) -> dict:
+        """Store columns (the user's fields) -> an engine batch keyed by role; a rollout's
+        ``context`` (its further inputs, for an environment) is one tuple per row."""
+        out = {k: v for k, v in cols.items() if k.startswith("_")}
+        ctx = [cols[f] for f, r in self.roles_in if r == "context"]
+        for f, r in self.roles_in:
+            if r != "context":
+                out[r] = cols[f]
+        if ctx:
+            out["context"] = list(zip(*ctx))
+        return out
+
+    def _to_fields(self, out: dict, rows) -> dict:
+        """An engine's columns (keyed by role) -> the task's output fields, checked against
+        their types (a missing output, a wrong length, NaN: AF611/AF612)."""
+        cols = {f: out.get(r) for f, r in self.roles_out}
+        check_outputs(self.task, cols, self.out_types, list(rows))
+        return cols
+
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
         try:
@@ -168,6 +199,13 @@ class Worker:
             return {"worker": self.id, "status": "crashed", **self._stats, **self._where()}
         except Stop:
             status = "stopped"
+        except TaskError as e:  # the user's function or data: a located AF6xx error
+            try:
+                self.control.fail(self.id, e.payload(), traceback.format_exc())
+            except Exception:
+                pass
+            return {"worker": self.id, "status": "failed", "error": str(e), **self._stats,
+                    **self._where()}
         except Exception as e:  # reported to the driver, which stops the run
             tb = traceback.format_exc()
             try:
@@ -203,16 +241,16 @@ class Worker:
 
     def _start(self) -> None:
         t = time.time()
-        if self.task.kind in ENGINE_KINDS or self.task.engine:
+        if kinds.KINDS[self.task.kind].engine or self.task.engine:
             cls = load_engine_class(self.task.engine)
-            self.engine = cls(engine_spec(self.plan, self.task, self.wp.replica))
+            self.engine = cls(engine_spec(self.plan, self.task, self.wp.replica, self.paths))
             self.compute = None
             if self.task.kind == "train" and self.opt.get("resume_dir"):  # --resume
                 from asyncflow.runtime import checkpoint
 
                 self.engine.load(checkpoint.engine_dir(self.opt["resume_dir"], self.id))
         else:
-            self.compute = runner_for(self.task)
+            self.compute = runner_for(self.task, self.paths)
         if self.models_in:
             self.adopter = Adopter(self.engine, self.models_in, self.use_ray)
         self.rec.span("START", 0, t)
@@ -245,13 +283,12 @@ class Worker:
         in_flight = [0]
         last_empty = [0.0]
         lanes: list[int] = []  # lane -> 1 busy / 0 free (trace lanes of concurrent leases)
-        outputs = list(self.task.outputs)
-
         def flush_done() -> None:
             for lid in [l for l, v in leases.items() if len(v["done"]) == len(v["rows"])]:
                 v = leases.pop(lid)
                 rows = v["rows"]
-                cols = {o: [v["done"][r][o] for r in rows] for o in outputs}
+                cols = self._to_fields({r: [v["done"][x].get(r) for x in rows]
+                                        for _, r in self.roles_out}, rows)
                 versions = [v["done"][r].get("_version", v["version"]) for r in rows]
                 stale = self._fresh(rows, min(versions))
                 t = time.time()
@@ -296,7 +333,7 @@ class Worker:
             self._stats["leases"] += 1
             self.rec.span("READ", len(lease.rows), t, version=self._version(),
                           step=self.gate.step_of(lease.rows[0]) if self.gate else None)
-            return lease.columns
+            return self._to_roles(lease.columns)
 
         def emit(row: dict) -> None:
             self._check()
@@ -387,19 +424,20 @@ class Worker:
         version = self._version()
         t = self.rec.compute_begin()
         keep = None
+        rows = list(lease.rows)
         if self.compute is not None:
             out, keep = self.compute(cols_in)
-        elif self.task.kind == "rollout":
-            out = self.engine.generate(cols_in)
+            cols = {f: out.get(f) for f in self.task.outputs}
+            check_outputs(self.task, cols, self.out_types, rows)
         else:
-            out = self.engine.logprobs(cols_in)
+            call = self.engine.generate if self.task.kind == "rollout" else self.engine.logprobs
+            cols = self._to_fields(call(self._to_roles(cols_in)), rows)
         end = self.rec.compute_end()
         self._check()
-        rows = list(lease.rows)
         if step is None and self.gate is not None:
             step = self.gate.step_of(rows[0])
         self.rec.span("COMPUTE", len(rows), t, end, version, step)
-        cols = {o: list(out[o]) for o in self.task.outputs if o in out}
+        cols = {o: list(v) for o, v in cols.items()}
         if self.task.kind == "rollout":
             stale = self._fresh(rows, version)
             if stale:  # gate rule 3: regenerate in place with newer weights
@@ -429,11 +467,10 @@ class Worker:
         model = next((m.name for m in self.plan.models if m.updated_by == self.task.name),
                      self.task.model)
         publishes = any(s.src == self.task.name for s in self.plan.sync)
-        # the reward column rides along (for the step's reward_mean) when the trainer lacks it
-        reward = next((o for t in self.plan.tasks if t.kind == "reward" for o in t.outputs), None)
-        if reward is None:  # a multi-turn rollout writes the episode return as ``reward``
-            reward = next(("reward" for t in self.plan.tasks
-                           if t.kind == "rollout" and "reward" in t.outputs), None)
+        # the reward column rides along (for the step's reward_mean): the field a reward task
+        # writes as its reward, else a multi-turn rollout's episode return (bind pass roles)
+        reward = next((f for t in sorted(self.plan.tasks, key=lambda t: t.kind != "reward")
+                       for f, r in t.bind_out if r == "reward"), None)
         extra = [reward] if reward and reward not in self.task.inputs else []
         fields = list(self.task.inputs) + extra if extra else None
         step = int(self.opt.get("start_step", 0))
@@ -467,8 +504,7 @@ class Worker:
             staleness = [gate.staleness(step, v) for v in versions]
             batch = dict(lease.columns) if lease else {}
             rewards = list(batch.get(reward) or []) if reward else []
-            for f in extra:
-                batch.pop(f, None)
+            batch = self._to_roles(batch)
             t = self.rec.compute_begin()
             metrics = self.engine.train_step(batch) if rows else {}
             end = self.rec.compute_end()

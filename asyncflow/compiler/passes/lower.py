@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import math
 
+from asyncflow import kinds
 from asyncflow.compiler.passes import topo_order, train_tasks_of
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph, SourceNode
 from asyncflow.plan import (Bundle, ChannelPlan, ModelPlan, Op, Plan, PoolPlan, SourcePlan,
                             StepPlan, SyncPlan, TaskPlan, WorkerPlan)
 
-COMPUTE = {"rollout": "generate", "logprob": "logprobs", "value": "logprobs", "train": "train_step",
-           "reward": "fn", "filter": "fn", "custom": "fn", "advantage": "estimator"}
 
 
 def plain(v):
@@ -61,7 +60,8 @@ def naive_ops(graph: Graph, task: str, ins, outs, sync_in, sync_out) -> list[Op]
     for e in ins:
         ops.append(Op("READ", task, channel_id(e.src, e.dst), list(e.fields), rows=share))
     what = d.estimator or d.loss or d.fn or d.engine or ""
-    ops.append(Op("COMPUTE", task, rows=share, note=f"{COMPUTE.get(d.kind, 'fn')} {what}".strip()))
+    runner = kinds.KINDS[d.kind].runner.rpartition(".")[2]
+    ops.append(Op("COMPUTE", task, rows=share, note=f"{runner} {what}".strip()))
     for e in outs:
         ops.append(Op("WRITE", task, channel_id(e.src, e.dst), list(e.fields), rows=share))
     if d.keep:
@@ -119,7 +119,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                                 None if m.frozen else trained.get(name)))
     data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields)) for d in p.data.values()]
     pools = [PoolPlan(name, v["devices"], placement["device_kind"],
-                      [Bundle(i, plain(b)) for i, b in enumerate(v["bundles"])], list(v["tasks"]))
+                      [Bundle(i, plain(b)) for i, b in enumerate(v["bundles"])], list(v["tasks"]),
+                      _loc(p.pools[name]) if name in p.pools else "")
              for name, v in placement["pools"].items()]
 
     ins: dict[str, list] = {}
@@ -154,7 +155,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
             n, d.kind, list(d.inputs), list(d.outputs), d.replicas, d.devices_per_replica,
             d.engine, d.model, d.pool, d.fn, d.batched, d.estimator, d.loss, d.env, list(d.keep),
             plain(d.args), plain(d.cost), m.get("lag", 0), m.get("run_ahead", 0),
-            m.get("time_share", 0), m.get("stage", 0), m.get("read_rows", 0)))
+            m.get("time_share", 0), m.get("stage", 0), m.get("read_rows", 0),
+            plain(m.get("bind_in", [])), plain(m.get("bind_out", [])), _loc(d)))
         ops = naive_ops(g, n, ins.get(n, []), outs.get(n, []), sync_in.get(n, []), sync_out.get(n, []))
         if not naive:
             ops = overlap_rewrite(g, n, ops, sync_alpha)
@@ -167,4 +169,10 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         step=StepPlan(st.prompts_per_step, st.samples_per_prompt, st.samples_per_step, st.steps),
         models=models, data=data, pools=pools, tasks=tasks, workers=workers, channels=channels,
         sync=syncs, concurrency=[list(c) for c in g.g.graph.get("concurrency", [])],
-        device_kind=placement["device_kind"])
+        device_kind=placement["device_kind"], fields=plain(g.g.graph.get("fields", {})))
+
+
+def _loc(defn) -> str:
+    """Where ``defn`` is written, as "file:line:col" ("" when it has no source)."""
+    loc = getattr(defn, "loc", None)
+    return str(loc) if loc is not None and loc.line else ""

@@ -15,11 +15,7 @@ at once. The rules, in the order they run (codes in :mod:`asyncflow.diagnostics.
 """
 from __future__ import annotations
 
-import ast as pyast
-import os
 import re
-import sys
-from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +26,7 @@ from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
+from asyncflow.refs import find_module, top_level_names
 
 ENGINE_KINDS = ("rollout", "logprob", "value", "train")  # run by an engine, on a pool
 # the reference keys each kind takes; the first group is required
@@ -255,17 +252,11 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
 
 
 def _estimator(graph: Graph, t: ast.TaskDef, estimators: dict, d: Diagnostics) -> None:
-    p = graph.pipeline
     info = estimators.get(t.estimator)
     if info is None:
         d.add("AF330", _at(t, "estimator"), did_you_mean(t.estimator, estimators), name=t.estimator,
               known=", ".join(estimators))
         return
-    if info.needs_values:
-        producers = graph.producers()
-        kinds = {p.tasks[n].kind for f in t.inputs for n in producers.get(f, ()) if n in p.tasks}
-        if "value" not in kinds:
-            d.add("AF332", _at(t, "estimator"), estimator=t.estimator)
 
 
 def _trainers(p: ast.Pipeline, trainers: dict, losses: dict, d: Diagnostics) -> None:
@@ -331,91 +322,6 @@ def _check_ref(p: ast.Pipeline, ref: str, key: str, loc: SourceLoc, d: Diagnosti
           module=module, attr=top, key=key, ref=ref)
 
 
-def find_module(name: str, extra: list[str]):
-    """The spec of module ``name``, found without importing it or its parent packages.
-
-    Top-level modules are also looked up in ``extra`` directories (after ``sys.path``)."""
-    parts = name.split(".")
-    spec = None
-    for i in range(len(parts)):
-        full = ".".join(parts[: i + 1])
-        loaded = sys.modules.get(full)
-        if loaded is not None and getattr(loaded, "__spec__", None) is not None:
-            spec = loaded.__spec__
-            continue
-        path = None
-        if i:
-            path = spec.submodule_search_locations if spec is not None else None
-            if not path:
-                return None
-            path = list(path)
-        spec = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if find is None:
-                continue
-            try:
-                spec = find(full, path)
-            except Exception:  # a third-party finder's fault must not break `check`
-                spec = None
-            if spec is not None:
-                break
-        if spec is None and i == 0 and extra:
-            spec = PathFinder.find_spec(full, extra)
-        if spec is None:
-            return None
-    return spec
-
-
-_PARSED: dict[tuple[str, int], Any] = {}
-
-
-def top_level_names(spec) -> set[str] | SyntaxError | None:
-    """The names a module's source defines at top level; ``None`` when that cannot be known
-    (no Python source, ``from x import *``, a module ``__getattr__``)."""
-    origin = spec.origin
-    if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
-        return None
-    key = (origin, os.stat(origin).st_mtime_ns)
-    if key not in _PARSED:
-        try:
-            tree = pyast.parse(Path(origin).read_bytes(), origin)
-        except SyntaxError as exc:
-            _PARSED[key] = exc
-        except (OSError, ValueError):
-            _PARSED[key] = None
-        else:
-            names: set[str] = set()
-            _PARSED[key] = names if _collect(tree.body, names) else None
-    return _PARSED[key]
-
-
-def _collect(body: list, names: set[str]) -> bool:
-    """Add the names ``body`` binds; False when they cannot all be known statically."""
-    for s in body:
-        if isinstance(s, (pyast.FunctionDef, pyast.AsyncFunctionDef, pyast.ClassDef)):
-            names.add(s.name)
-            if s.name == "__getattr__":
-                return False
-        elif isinstance(s, (pyast.Assign, pyast.AnnAssign, pyast.AugAssign)):
-            targets = s.targets if isinstance(s, pyast.Assign) else [s.target]
-            for tgt in targets:
-                for n in pyast.walk(tgt):
-                    if isinstance(n, pyast.Name):
-                        names.add(n.id)
-        elif isinstance(s, (pyast.Import, pyast.ImportFrom)):
-            for a in s.names:
-                if a.name == "*":
-                    return False
-                names.add(a.asname or a.name.split(".")[0])
-        elif isinstance(s, (pyast.If, pyast.Try, pyast.With, pyast.For, pyast.While)):
-            for part in ("body", "orelse", "finalbody"):
-                if not _collect(getattr(s, part, []), names):
-                    return False
-            for h in getattr(s, "handlers", []):
-                if not _collect(h.body, names):
-                    return False
-    return True
 
 
 def _check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
@@ -533,4 +439,4 @@ def _distribution_problem(v: Any) -> str | None:
     return None
 
 
-__all__ = ["validate", "find_module", "top_level_names"]
+__all__ = ["validate"]

@@ -1,0 +1,269 @@
+"""The JSON Schema of the YAML pipeline language, generated from the tables that define it.
+
+The keys, their types, defaults, bounds and which are required come from the builder's tables
+(:mod:`asyncflow.dsl.build`); the task kinds, estimators and losses, the keys each kind needs
+and the roles each one reads and writes come from :mod:`asyncflow.kinds`. This module adds
+only the words: one description per key (``KEY_DOCS``). ``asyncflow schema`` prints the schema,
+``docs/asyncflow.schema.json`` is its copy in the repository (a test keeps the two equal), and
+editors use it through a first line ``# yaml-language-server: $schema=...`` in a pipeline file.
+
+The schema checks what one file can get wrong on its own: unknown keys, value types, names,
+bounds, required keys, and the keys each task kind needs or may not have. Whether the names a
+file uses exist (models, pools, fields, functions) is ``asyncflow check``'s job.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from asyncflow import kinds
+from asyncflow.dsl import build
+from asyncflow.engines.base import BUILTIN
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+
+# one description per key of every section of dsl/build.py (SECTIONS names the sections)
+KEY_DOCS: dict[str, dict[str, str]] = {
+    "pipeline": {
+        "pipeline": "The pipeline's name.",
+        "description": "One line on what the pipeline does.",
+        "seed": "Seed of the run's random choices (data order, sampling, initial weights).",
+        "models": "The models, by name: each is built by a factory or loaded from a checkpoint, "
+                  "or is a copy of another model.",
+        "data": "The data sources, by name: where the prompt rows come from and the fields each "
+                "row has.",
+        "pools": "The device pools, by name. Tasks on one pool are colocated and time-share its "
+                 "devices; a task without a pool runs on a CPU worker outside the pools.",
+        "step": "The size of a training step and how many steps the run has.",
+        "tasks": "The tasks, by name: the nodes of the dataflow graph. Data edges come from "
+                 "field names: a task that reads a field is fed by the task that writes it.",
+        "sync": "Weight-sync edges: the only back edges. Each goes from a train task to a task "
+                "that uses the model it trains, with the policy-version lag allowed.",
+    },
+    "model": {
+        "init": 'How to build the model: a "module:factory" reference, a local directory or '
+                "checkpoint, or a model id like org/name. Give init or copy_of, not both.",
+        "args": "Keyword arguments of the init factory.",
+        "copy_of": "Start as a copy of this other model, with weights of its own (e.g. a "
+                   "frozen reference).",
+        "frozen": "Never trained: no train task may update it and no sync edge targets its "
+                  "tasks.",
+    },
+    "data source": {
+        "source": 'Where the rows come from: a "module:function" reference, or a .jsonl, .json '
+                  "or .parquet file.",
+        "args": "Keyword arguments of the source function.",
+        "fields": "The fields of a row, as tasks name them (each has the role 'data').",
+    },
+    "pool": {
+        "devices": "How many devices the pool has: GPUs, or CPU slots where there is no GPU.",
+        "resources": "Custom Ray resources each device needs, e.g. {my_label: 1} to place the "
+                     "pool on the nodes started with that resource (not GPU or CPU).",
+    },
+    "step": {
+        "prompts_per_step": "Prompts per training step.",
+        "samples_per_prompt": "Samples drawn per prompt (the size of a group for grpo and "
+                              "rloo).",
+        "steps": "Training steps in the run.",
+    },
+    "task": {
+        "kind": "What the task does; it decides the keys the task needs and the roles it reads "
+                "and writes.",
+        "engine": "The engine that runs the task's model (rollout, logprob, value and train "
+                  "tasks). Engines are plug-ins: any registered name.",
+        "model": "The model the task runs (a name from models).",
+        "pool": "The pool whose devices the task runs on (a name from pools).",
+        "replicas": "How many copies of the task run side by side, pulling rows from the store.",
+        "devices_per_replica": "Devices of the pool each replica uses.",
+        "inputs": "The fields the task reads. Names are labels: each is bound to one of the "
+                  "kind's input slots by the role of the task that writes it.",
+        "outputs": "The fields the task writes, by position: the kind's output roles in order.",
+        "keep": "Outputs kept as final results though no task reads them.",
+        "fn": 'The user function, "module:function" (reward, filter and custom tasks).',
+        "batched": "Call fn once per batch with input columns instead of once per row.",
+        "estimator": "The advantage estimator (advantage tasks).",
+        "loss": "The loss the train task minimises.",
+        "env": 'A multi-turn environment factory, "module:factory" (rollout tasks): one '
+               "episode per sample instead of a single response.",
+        "args": "Settings of the task: for its engine, its fn or env (which get the keywords "
+                "they accept), its estimator or its loss.",
+        "cost": "Cost hints for the compiler's step-time estimate, e.g. {latency: ..., slots: "
+                "..., seconds_per_sample: ..., seconds_per_call: ...}.",
+    },
+    "sync edge": {
+        "from": "The train task whose new weights are sent.",
+        "to": "The task that receives them (it must use the model the train task updates).",
+        "max_staleness": "How many versions behind a sample's policy may be when it is trained "
+                         "on: 0 is synchronous, on-policy.",
+    },
+}
+
+# the top-level keys that are sections, and what each holds
+SECTION_OF = {"models": ("named", "model"), "data": ("named", "data source"),
+              "pools": ("named", "pool"), "step": ("one", "step"), "tasks": ("named", "task"),
+              "sync": ("list", "sync edge")}
+_DEF = {"model": "model", "data source": "data_source", "pool": "pool", "step": "step",
+        "task": "task", "sync edge": "sync_edge"}
+
+
+# -- words for the kinds table (shared with docs/language.md) --------------------------------------
+def slot_text(s: kinds.Slot) -> str:
+    """``prompt (any, optional; from data|custom)``."""
+    flags = [s.type] + ["optional"] * s.optional + ["many"] * s.many
+    return f"{s.role} ({', '.join(flags)}; from {'|'.join(s.accepts)})"
+
+
+def outputs_text(sig: kinds.Signature) -> str:
+    """The roles a signature writes, by position."""
+    typed = lambda r: f"{r} ({kinds.ROLES[r].type})"  # noqa: E731
+    if sig.more_outputs and set(sig.outputs) <= {sig.more_outputs}:
+        return f"{typed(sig.more_outputs)} for every output"
+    outs = [typed(r) for r in sig.outputs]
+    if sig.more_outputs:
+        outs.append(f"then {typed(sig.more_outputs)} for each further output")
+    return ", ".join(outs) or "no fields"
+
+
+def signature_text(sig: kinds.Signature) -> str:
+    """One line: the roles read and written."""
+    reads = ("its inputs, passed to fn in the declared order" if sig.inputs is None
+             else "; ".join(slot_text(s) for s in sig.inputs))
+    return f"reads {reads}; writes {outputs_text(sig)}"
+
+
+def kind_variants(name: str) -> dict[str, kinds.Signature]:
+    """A kind's signature, and the variants :func:`kinds.signature` gives in special cases."""
+    base = kinds.signature(name)
+    out = {"": base} if base else {}
+    for when, kw in (("with env", {"env": True}),
+                     ("on a model a train task updates", {"trained": True})):
+        sig = kinds.signature(name, **kw)
+        if base and sig != base:
+            out[when] = sig
+    return out
+
+
+def kind_text(name: str) -> str:
+    """One line on a task kind: what it does, its keys, what it reads and writes."""
+    k = kinds.KINDS[name]
+    text = f"{name}: {k.doc}; needs {', '.join(k.needs)}"
+    if k.takes:
+        text += f", may take {', '.join(k.takes)}"
+    variants = kind_variants(name)
+    if not variants:
+        what = "estimator" if name == "advantage" else "loss"
+        return f"{text}; reads and writes the roles of its {what}."
+    base = variants.pop("")
+    text += f"; {signature_text(base)}"
+    for when, sig in variants.items():
+        same = sig.inputs == base.inputs
+        text += f"; {when}: {'writes ' + outputs_text(sig) if same else signature_text(sig)}"
+    return text + "."
+
+
+def estimator_text(name: str) -> str:
+    """One line on an advantage estimator and its signature."""
+    e = kinds.ESTIMATORS[name]
+    return f"{name}: {e.doc} (sees a {e.scope} at once); {signature_text(e.signature)}."
+
+
+def loss_text(name: str) -> str:
+    """One line on a loss and its signature."""
+    info = kinds.LOSSES[name]
+    return f"{name}: {info.doc}; {signature_text(info.signature)}."
+
+
+# -- the schema ----------------------------------------------------------------------------------
+def _value(spec: build.Key, doc: str) -> dict[str, Any]:
+    """The schema of one key's value, from its builder spec."""
+    t = spec.type
+    if t in ("name", "ref", "names"):
+        s: dict[str, Any] = {"$ref": f"#/$defs/{t}"}
+    elif t == "choice":
+        s = {"enum": list(spec.choices)}
+    else:
+        s = {"type": {"str": "string", "int": "integer", "num": "number", "bool": "boolean",
+                      "map": "object"}[t]}
+    if spec.min is not None:
+        s["minimum"] = int(spec.min) if t == "int" else spec.min
+    s["description"] = doc
+    if spec.default is not None and not (t == "names" and not spec.default):
+        s["default"] = list(spec.default) if isinstance(spec.default, tuple) else spec.default
+    return s
+
+
+def _section(what: str) -> dict[str, Any]:
+    """An object with exactly the keys of one builder table (which rejects any other)."""
+    table, docs = build.SECTIONS[what], KEY_DOCS[what]
+    s: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                         "properties": {k: _value(spec, docs[k]) for k, spec in table.items()}}
+    required = [k for k, spec in table.items() if spec.required]
+    if required:
+        s["required"] = required
+    return s
+
+
+def _task() -> dict[str, Any]:
+    """The task section, with what each kind needs and may not have."""
+    s = _section("task")
+    props = s["properties"]
+    props["kind"] = {"enum": list(kinds.TASK_KINDS),
+                     "description": props["kind"]["description"] + "\n" +
+                     "\n".join(kind_text(k) for k in kinds.TASK_KINDS)}
+    props["engine"]["examples"] = list(BUILTIN)
+    for key, table, text in (("estimator", kinds.ESTIMATORS, estimator_text),
+                             ("loss", kinds.LOSSES, loss_text)):
+        props[key] = {"enum": list(table), "description": props[key]["description"] + "\n" +
+                      "\n".join(text(n) for n in table)}
+    rules = []
+    for name, k in kinds.KINDS.items():
+        then: dict[str, Any] = {
+            "description": kind_text(name),
+            "required": list(k.needs) + ["outputs"] * k.needs_outputs,
+            "properties": {key: False for key in kinds.REF_KEYS
+                           if key not in k.needs + k.takes}}
+        if k.needs_outputs:
+            then["properties"]["outputs"] = {"minItems": 1}
+        rules.append({"if": {"properties": {"kind": {"const": name}}, "required": ["kind"]},
+                      "then": then})
+    s["allOf"] = rules
+    return s
+
+
+def _top_key(key: str, spec: build.Key) -> dict[str, Any]:
+    doc = KEY_DOCS["pipeline"][key]
+    if key not in SECTION_OF:
+        return _value(spec, doc)
+    shape, what = SECTION_OF[key]
+    ref = {"$ref": f"#/$defs/{_DEF[what]}"}
+    if shape == "one":
+        return {**ref, "description": doc}
+    if shape == "list":
+        return {"type": "array", "items": ref, "description": doc}
+    return {"type": "object", "propertyNames": {"$ref": "#/$defs/name"},
+            "additionalProperties": ref, "description": doc}
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a YAML pipeline file."""
+    defs: dict[str, Any] = {
+        "name": {"type": "string", "pattern": build.NAME_RE.pattern,
+                 "description": "A name: letters, digits and _, not starting with a digit."},
+        "ref": {"type": "string", "pattern": build.REF_RE.pattern,
+                "description": 'A "module:function" reference (an importable module, a '
+                               "top-level function or class)."},
+        "names": {"type": "array", "items": {"$ref": "#/$defs/name"}, "uniqueItems": True,
+                  "description": "A list of distinct names."},
+    }
+    for what, key in _DEF.items():
+        defs[key] = _task() if what == "task" else _section(what)
+    return {
+        "$schema": DRAFT,
+        "title": "asyncflow pipeline",
+        "description": "An asyncflow RL post-training pipeline (YAML). Generated by `asyncflow "
+                       "schema`; the reference is docs/language.md.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {k: _top_key(k, spec) for k, spec in build.TOP.items()},
+        "required": [k for k, spec in build.TOP.items() if spec.required],
+        "$defs": defs,
+    }
