@@ -3,7 +3,7 @@
 Pure Python (``math``, ``random``, ``statistics``): importing it imports nothing heavy.
 
 A *spec* is what a pipeline writes for a latency (``args.latency`` of a ``sim`` task, or the
-``latency`` of a task's ``cost:`` hints), exactly as LANGUAGE.md's sim engine section says:
+``latency`` of a task's ``cost:`` hints), exactly as docs/language.md's sim engine section says:
 
 ==============================================  ==============================================
 spec                                            distribution (seconds)

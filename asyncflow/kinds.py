@@ -1,7 +1,7 @@
 """The table of task kinds, estimators and losses: what each reads and writes, by meaning.
 
 A field's name is the user's label; its meaning is the *role* of the slot that produces it
-(LANGUAGE.md, "Field names are the user's"). This module is the one place that says, for every
+(docs/language.md, "Field names are the user's"). This module is the one place that says, for every
 task kind and for every advantage estimator and loss:
 
 - the keys the kind needs and takes (``needs`` / ``takes``);

@@ -312,7 +312,7 @@ class ToTree(Transformer):
 
 
 def assemble(stmts: list[Stmt], path: str, diags: Diagnostics) -> Map:
-    """The statements as the top-level mapping, keys in the order of LANGUAGE.md."""
+    """The statements as the top-level mapping, keys in the order of docs/language.md."""
     top: dict[str, Entry] = {}
 
     def put(key: str, key_loc: SourceLoc, value: Node) -> bool:

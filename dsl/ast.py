@@ -1,4 +1,4 @@
-"""The typed AST of a pipeline (both front ends build it; see ``LANGUAGE.md``).
+"""The typed AST of a pipeline (both front ends build it; see ``docs/language.md``).
 
 Every node carries ``loc`` (where it is defined: its key in the source) and ``locs`` (where each
 attribute's value is written, keyed by attribute path: ``"model"``, ``"inputs.1"``,

@@ -1,4 +1,4 @@
-"""The sim engine (LANGUAGE.md, "The sim engine"): deterministic latencies, slot makespan,
+"""The sim engine (docs/language.md, "The sim engine"): deterministic latencies, slot makespan,
 streaming in completion order, distributions, well-formed outputs, versions and weights."""
 import statistics
 import threading

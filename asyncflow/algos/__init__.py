@@ -1,6 +1,7 @@
 """RL algorithms: advantage estimators and losses, one readable file per family.
 
-The tables below name every estimator and loss *without importing torch*, so the compiler can
+The tables ``ESTIMATORS`` and ``LOSSES`` (defined in :mod:`asyncflow.kinds`, with the roles each
+reads and writes) name every estimator and loss *without importing torch*, so the compiler can
 resolve ``estimator:`` / ``loss:`` and decide streaming granularity. ``scope`` is how much of a
 step an estimator must see at once: ``group`` (all samples of one prompt), ``batch`` (the whole
 step), or ``sample``.
@@ -17,52 +18,11 @@ Settings and their defaults: ``asyncflow.algos.config`` (``AdvantageConfig``, ``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+# the tables live with the task kinds (what each estimator and loss reads and writes)
+from asyncflow.kinds import ESTIMATORS, LOSSES, EstimatorInfo, LossInfo
 
-
-@dataclass(frozen=True)
-class EstimatorInfo:
-    target: str  # "module:function"
-    scope: str  # group | batch | sample
-    needs_values: bool = False
-    doc: str = ""
-
-
-@dataclass(frozen=True)
-class LossInfo:
-    target: str
-    off_policy: bool = False  # corrects for stale samples (importance weights)
-    critic: bool = False  # trains a value head
-    doc: str = ""
-    agg: str = "token_mean"  # default reduction of per-token losses (LossConfig.loss_agg wins)
-
-
-ESTIMATORS = {
-    "grpo": EstimatorInfo("asyncflow.algos.advantages:grpo", "group",
-                          doc="(r - mean(group)) / (std(group) + eps)"),
-    "rloo": EstimatorInfo("asyncflow.algos.advantages:rloo", "group",
-                          doc="r - mean of the other samples of the group"),
-    "reinforce_pp": EstimatorInfo("asyncflow.algos.advantages:reinforce_pp", "batch",
-                                  doc="r normalised over the whole step's batch"),
-    "gae": EstimatorInfo("asyncflow.algos.advantages:gae", "sample", needs_values=True,
-                         doc="generalised advantage estimation from per-token values"),
-}
-
-LOSSES = {
-    "grpo": LossInfo("asyncflow.algos.ppo:grpo_loss", doc="clipped surrogate, sequence-mean",
-                     agg="seq_mean"),
-    "ppo": LossInfo("asyncflow.algos.ppo:ppo_loss", doc="clipped surrogate"),
-    "dapo": LossInfo("asyncflow.algos.ppo:dapo_loss", doc="clip-higher, token-level mean"),
-    "cispo": LossInfo("asyncflow.algos.offpolicy:cispo_loss", off_policy=True,
-                      doc="clipped IS weight, stop-gradient, REINFORCE"),
-    "tis": LossInfo("asyncflow.algos.offpolicy:tis_loss", off_policy=True,
-                    doc="truncated importance sampling"),
-    "topr": LossInfo("asyncflow.algos.offpolicy:topr_loss", off_policy=True,
-                     doc="tapered off-policy REINFORCE"),
-    "decoupled_ppo": LossInfo("asyncflow.algos.offpolicy:decoupled_ppo_loss", off_policy=True,
-                              doc="behaviour vs proximal policy"),
-    "value": LossInfo("asyncflow.algos.value:value_loss", critic=True, doc="clipped value MSE"),
-}
+__all__ = ["ESTIMATORS", "LOSSES", "EstimatorInfo", "LossInfo", "estimate", "estimate_columns",
+           "loss_aggregation", "compute_loss"]
 
 
 def resolve(target: str):

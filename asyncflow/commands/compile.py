@@ -41,6 +41,8 @@ def plan_tables(plan):
         tasks.add_row(t.name, t.kind, what, pool, f"{t.replicas}x{t.devices_per_replica}"
                       if t.pool else str(t.replicas), ins, str(t.version_lag), str(t.run_ahead))
 
+    binds = bindings_table(plan)
+
     pools = Table(title=f"pools ({plan.device_kind} devices)", title_justify="left")
     for col in ("pool", "devices", "bundle", "tasks (time-sharing order)"):
         pools.add_column(col)
@@ -77,7 +79,7 @@ def plan_tables(plan):
             if isinstance(mb, int) and mb > 0:
                 batch.add_row(f"micro-batches per step ({t.name}: {mb})",
                               str(st.samples_per_step // mb))
-    out = [tasks, pools, chans, sync, batch]
+    out = [tasks, binds, pools, chans, sync, batch]
     e = plan.estimate
     if e is not None:
         est = Table(title="estimate (steady state)", title_justify="left")
@@ -93,6 +95,29 @@ def plan_tables(plan):
             est.add_row("bound by", e.bottleneck)
         out.append(est)
     return out
+
+
+def bindings_table(plan):
+    """Every task's fields and what they mean to it: ``field -> role`` for its inputs (by role,
+    or the user function's parameter it fills) and its outputs (the role it writes), with types."""
+    from rich.table import Table
+
+    from asyncflow.kinds import describe_type
+
+    def kind_of(field: str) -> str:
+        info = plan.fields.get(field)
+        return describe_type(info["type"]) if info else "?"
+
+    t = Table(title="bindings (field -> role; names are yours, roles are what tasks read)",
+              title_justify="left")
+    for col in ("task", "reads", "writes"):
+        t.add_column(col, overflow="fold")
+    for task in plan.tasks:
+        fn = bool(task.fn)
+        reads = [f"{f} -> {'param ' if fn else ''}{r} ({kind_of(f)})" for f, r in task.bind_in]
+        writes = [f"{f} -> {r} ({kind_of(f)})" for f, r in task.bind_out]
+        t.add_row(task.name, "\n".join(reads), "\n".join(writes) or "-")
+    return t
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ range   module               what it covers
 ======  ===================  ================================================
 AF1xx   ``syntax``           YAML and .af syntax, unreadable files
 AF2xx   ``schema``           unknown keys, wrong value types, missing keys
-AF3xx   ``rules``            the language's rules (LANGUAGE.md), cross-references
+AF3xx   ``rules``            the language's rules (docs/language.md), cross-references
 AF4xx   ``compile``          compiler findings: placement, staleness, batch
 AF5xx   ``overrides``        ``--set key.path=value`` overrides
 AF6xx   ``runtime``          run-time user errors (resume, engines, data)

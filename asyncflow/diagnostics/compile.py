@@ -39,8 +39,8 @@ CODES = [
     # overlap, rule 3
     Code("AF405", "group-of-one",
          "estimator '{estimator}' normalises within a group, but samples_per_prompt is 1: every "
-         "advantage is 0", (mutate("  prompts_per_step: 4\n  samples_per_prompt: 4",
-                                   "  prompts_per_step: 8\n  samples_per_prompt: 1", at="grpo"),), severity="warning"),
+         "advantage is 0: nothing would learn", (mutate("  prompts_per_step: 4\n  samples_per_prompt: 4",
+                                   "  prompts_per_step: 8\n  samples_per_prompt: 1", at="grpo"),)),
     # staleness
     Code("AF406", "staleness-never-binds",
          "max_staleness {alpha} is not below steps ({steps}): the trainer never holds the "

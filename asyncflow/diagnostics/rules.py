@@ -1,4 +1,4 @@
-"""AF3xx: the language's rules (LANGUAGE.md, "Rules the compiler enforces") and cross-references.
+"""AF3xx: the language's rules (docs/language.md, "Rules the compiler enforces") and cross-references.
 
 Reported by :mod:`asyncflow.compiler.passes.validate`. Grouped by tens:
 

@@ -23,7 +23,9 @@ arg                  default      meaning
 loss settings        -            :class:`asyncflow.algos.config.LossConfig` fields
 ===================  ===========  ==================================================
 
-Columns: a rollout reads ``prompt`` and writes ``spec.outputs`` = ``[response, logprobs]``
+Columns are keyed by *role* (:mod:`asyncflow.kinds`), never by the user's field names: the worker
+renames the store's fields to roles before a call and back after it. A rollout reads ``prompt``
+and writes ``spec.outputs`` = ``[response, logprobs]``
 (``response`` a :class:`~asyncflow.tokens.Text`, ``logprobs`` one float per response token under
 ``log softmax(logits / temperature)``). A ``logprob`` scorer writes ``spec.outputs[0]`` (e.g.
 ``ref_logprobs``), one float per response token; a ``value`` scorer writes per-token values
@@ -97,7 +99,7 @@ class HFEngine:
 
     def _pairs(self, batch: Columns) -> tuple[list[list[int]], list[list[int]]]:
         """(prompt ids, response ids) per row; re-tokenizes only text that is not a Text."""
-        responses = batch[self._response_column(batch)]
+        responses = batch["response"]
         prompts_col = batch.get("prompt", [None] * len(responses))
         prompts, resps = [], []
         for p, r in zip(prompts_col, responses):
@@ -108,15 +110,6 @@ class HFEngine:
                 prompts.append(self._prompt_ids(p))
                 resps.append(self.tokenizer.encode(str(r)))
         return prompts, resps
-
-    def _response_column(self, batch: Columns) -> str:
-        if "response" in batch:
-            return "response"
-        for name in self.spec.inputs:
-            col = batch.get(name)
-            if col and isinstance(col[0], Text):
-                return name
-        raise KeyError(f"task {self.spec.task!r}: no response column in {sorted(batch)}")
 
     def _forward(self, packed: tc.Packed):
         """Logits [B, R, V] (policy) or values [B, R] (critic) for the response tokens."""
@@ -307,7 +300,7 @@ class HFEngine:
         """(loss masks or None, tokens that count per row). Multi-turn responses carry a loss
         mask (0 on environment observations): only the tokens it keeps count, in the loss and
         in every token count and token-weighted metric."""
-        masks = tc.loss_masks(batch[self._response_column(batch)])
+        masks = tc.loss_masks(batch["response"])
         counted = [len(r) if masks is None or masks[i] is None else sum(masks[i])
                    for i, r in enumerate(resps)]
         return masks, counted
@@ -329,10 +322,11 @@ class HFEngine:
             ent = tc.entropy(logits, self.temperature)
         old = tc.pad_floats(cols["logprobs"], lengths, width).to(self.device)
         adv = tc.pad_floats(cols["advantages"], lengths, width).to(self.device)
-        ref = cols.get("ref_logprobs")
+        ref, prox = (cols.get(k) for k in ("ref_logprobs", "prox_logprobs"))  # optional roles
         ref = tc.pad_floats(ref, lengths, width).to(self.device) if ref is not None else None
+        prox = tc.pad_floats(prox, lengths, width).to(self.device) if prox is not None else None
         return _loss(self.loss_name, logp, old, adv, mask, self.loss_cfg, ref_logprobs=ref,
-                     entropy=ent, normalizer=normalizer)
+                     prox_logprobs=prox, entropy=ent, normalizer=normalizer)
 
     def export_weights(self) -> dict:
         """A CPU state dict of cloned tensors (value head under ``value_head.*``)."""

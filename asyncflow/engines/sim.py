@@ -1,4 +1,4 @@
-"""The ``sim`` engine: computes nothing, sleeps for a modelled device time (LANGUAGE.md, "The sim
+"""The ``sim`` engine: computes nothing, sleeps for a modelled device time (docs/language.md, "The sim
 engine"), and still returns well-formed outputs so every downstream task runs for real.
 
 One class, :class:`SimEngine`, implements all three protocols of :mod:`asyncflow.engines.base`.

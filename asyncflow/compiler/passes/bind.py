@@ -1,6 +1,6 @@
 """bind: every field's role and type from its producer; every consumer's inputs bound by role.
 
-A field's name is the user's label (LANGUAGE.md, "Field names are the user's"). The meaning
+A field's name is the user's label (docs/language.md, "Field names are the user's"). The meaning
 comes from :mod:`asyncflow.kinds`. The rules (the tests cite them by number):
 
 1. A data source's fields have role ``data``. A task's outputs take, by position, the roles of

@@ -1,4 +1,4 @@
-"""The validate pass: the language's rules (LANGUAGE.md), each with its AF3xx code.
+"""The validate pass: the language's rules (docs/language.md), each with its AF3xx code.
 
 Every rule adds located diagnostics and goes on, so a file's independent errors are reported
 at once. The rules, in the order they run (codes in :mod:`asyncflow.diagnostics.rules`):
