@@ -219,7 +219,7 @@ KINDS = {k.name: k for k in (
          runner="engine.train_step", engine=True, needs_outputs=False, order=4),
     Kind("filter", "keeps or drops whole groups with a user function (e.g. DAPO's)",
          ("fn",), ("pool",), Signature(None, ("keep",), more_outputs="keep"),
-         granularity="group", runner="fn", fn_inputs=True),
+         granularity="group", runner="filter", fn_inputs=True),
     Kind("custom", "any user function over rows or batches",
          ("fn",), ("pool",), Signature(None, ("custom",), more_outputs="custom"),
          runner="fn", fn_inputs=True, needs_outputs=False),

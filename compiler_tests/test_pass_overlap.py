@@ -6,10 +6,12 @@ Base pipeline (asyncflow.diagnostics.examples.BASE; 4 prompts x 4 samples, micro
                   \\-> ref (frozen) -----------------^
     update ..sync a=1..> generate          pools: rollout {generate}, train {ref, update}
 """
+import pytest
 import yaml
 
 from asyncflow.compiler import Context, compile_text
 from asyncflow.diagnostics.examples import BASE
+from asyncflow.errors import UserError
 
 
 def src(alpha=1, estimator="grpo", **step):
@@ -114,8 +116,10 @@ def test_concurrency_run_ahead_rule_12():
     assert c[2] == ["generate", "score", "update"]
 
 
-def test_group_of_one_warns_af405():
-    """Rule 3 with samples_per_prompt 1: grpo is degenerate -> warning AF405."""
+def test_group_of_one_is_af405():
+    """Rule 3 with samples_per_prompt 1: every grpo advantage is 0 -> error AF405, located."""
     ctx = Context()
-    after(src(samples_per_prompt=1, prompts_per_step=8), ctx)
-    assert [d.code for d in ctx.diags.items] == ["AF405"]
+    with pytest.raises(UserError):
+        after(src(samples_per_prompt=1, prompts_per_step=8), ctx)
+    assert [(d.code, d.severity) for d in ctx.diags.items] == [("AF405", "error")]
+    assert ctx.diags.items[0].loc.line > 0

@@ -26,7 +26,6 @@ from asyncflow.dsl.loc import SourceLoc
 
 NOWHERE = SourceLoc("<none>", 0, 0)
 
-TASK_KINDS = ("rollout", "reward", "logprob", "value", "advantage", "train", "filter", "custom")
 
 
 def _loc() -> Any:

@@ -15,6 +15,7 @@ from asyncflow.diagnostics import Diagnostics, did_you_mean
 from asyncflow.dsl import ast
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.dsl.tree import Map, Node, Scalar, Seq, plain, type_name
+from asyncflow.kinds import TASK_KINDS
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REF_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -47,7 +48,7 @@ STEP = {
     "steps": Key("int", required=True, min=1),
 }
 TASK = {
-    "kind": Key("choice", required=True, choices=ast.TASK_KINDS),
+    "kind": Key("choice", required=True, choices=TASK_KINDS),
     "engine": Key("name"), "model": Key("name"), "pool": Key("name"),
     "replicas": Key("int", default=1, min=1), "devices_per_replica": Key("int", default=1, min=1),
     "inputs": Key("names", default=()), "outputs": Key("names", default=()),

@@ -142,10 +142,12 @@ class FilterRunner:
         return {o: list(keep) for o in t.outputs}, keep
 
 
-RUNNERS = {"reward": FnRunner, "custom": FnRunner, "advantage": AdvantageRunner,
-           "filter": FilterRunner}
+# a kind's ``runner`` in the kinds table -> the class that runs it
+RUNNERS = {"fn": FnRunner, "estimator": AdvantageRunner, "filter": FilterRunner}
 
 
 def runner_for(task, paths: Sequence[str] = ()) -> Callable[[Columns], tuple[Columns, list[bool] | None]]:
     """The runner of a function task (its kind's ``runner`` in :mod:`asyncflow.kinds`)."""
-    return RUNNERS[task.kind](task, paths)
+    from asyncflow.kinds import KINDS
+
+    return RUNNERS[KINDS[task.kind].runner](task, paths)

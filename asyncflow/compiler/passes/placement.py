@@ -30,10 +30,9 @@ import math
 from asyncflow.compiler.passes import annotated_copy, topo_order
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph, TaskNode
+from asyncflow.kinds import KINDS
 
 GPU_ENGINES = ("vllm", "deepspeed")
-KIND_ORDER = {"rollout": 0, "logprob": 1, "value": 2, "reward": 3, "filter": 3, "advantage": 3,
-              "custom": 3, "train": 4}
 CPU_TASK_RESOURCES = {"CPU": 0}
 
 
@@ -73,7 +72,7 @@ def placement(graph: Graph, ctx: Context) -> Graph:
                 extra[r] = v
         base = {"GPU": 1, "CPU": 1} if kind == "GPU" else {"CPU": 1}
         bundles = [dict(base, **extra) for _ in range(pool.devices)]
-        order = sorted(on_pool[name], key=lambda n: (KIND_ORDER.get(g.node(n).kind, 3), topo[n]))
+        order = sorted(on_pool[name], key=lambda n: (KINDS[g.node(n).kind].order, topo[n]))
         pools[name] = {"devices": pool.devices, "bundles": bundles, "tasks": order}
         share = _share(len(order))
         for ts, n in enumerate(order):  # rules 2, 3

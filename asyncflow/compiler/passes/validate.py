@@ -26,22 +26,12 @@ from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
+from asyncflow.kinds import KINDS, REF_KEYS
 from asyncflow.refs import find_module, top_level_names
 
-ENGINE_KINDS = ("rollout", "logprob", "value", "train")  # run by an engine, on a pool
-# the reference keys each kind takes; the first group is required
-KEYS = {
-    "rollout": (("engine", "model", "pool"), ("env",)),
-    "logprob": (("engine", "model", "pool"), ()),
-    "value": (("engine", "model", "pool"), ()),
-    "train": (("engine", "model", "pool", "loss"), ()),
-    "reward": (("fn",), ("pool",)),
-    "filter": (("fn",), ("pool",)),
-    "custom": (("fn",), ("pool",)),
-    "advantage": (("estimator",), ("pool",)),
-}
-REF_KEYS = ("engine", "model", "pool", "fn", "estimator", "loss", "env")
-NEEDS_OUTPUTS = ("rollout", "reward", "logprob", "value", "advantage", "filter")
+# the keys each kind needs and takes, and which kinds must write something: the kinds table
+KEYS = {k: (v.needs, v.takes) for k, v in KINDS.items()}
+NEEDS_OUTPUTS = tuple(k for k, v in KINDS.items() if v.needs_outputs)
 # built-in engines that run only some kinds (others, and plug-ins, may run any)
 ENGINE_RUNS = {"vllm": ("rollout",), "deepspeed": ("train", "logprob", "value")}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
