@@ -9,6 +9,7 @@ from asyncflow.dsl.loc import SourceLoc
 from asyncflow.dsl.tree import Node
 
 SUFFIXES = (".yaml", ".yml", ".af")
+MAX_SOURCE_BYTES = 1 << 20  # a pipeline file (the shipped ones are about 2 KB)
 
 
 def parse_tree(text: str, path: str, diags: Diagnostics) -> Node | None:
@@ -48,6 +49,11 @@ def load_text(text: str, path: str, sets=(), diags: Diagnostics | None = None) -
 def read_source(path: str | Path, diags: Diagnostics) -> str | None:
     p = Path(path)
     try:
+        size = p.stat().st_size if p.is_file() else 0
+        if size > MAX_SOURCE_BYTES:  # refused before it is read
+            diags.add("AF109", SourceLoc(str(path), 1, 1), path=str(path), size=size,
+                      limit=MAX_SOURCE_BYTES)  # bytes of a file, characters of an override
+            return None
         raw = p.read_bytes()
     except OSError as exc:
         diags.add("AF100", SourceLoc(str(path), 1, 1), path=str(path), reason=exc.strerror or str(exc))

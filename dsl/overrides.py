@@ -33,8 +33,26 @@ def typed(text: str):
     if low in ("null", "none", "~"):
         return None
     if s[:1] in "[{\"'":
+        from asyncflow.dsl.yaml_front import check_aliases, check_bounds
+
+        if len(s) > MAX_VALUE_CHARS:
+            raise TooLong(len(s))
+        check_bounds(s)
+        node = yaml.compose(s, Loader=yaml.SafeLoader)
+        if node is not None:
+            check_aliases(node, MAX_VALUE_NODES)
         return yaml.safe_load(s)
     return s
+
+
+MAX_VALUE_CHARS = 100_000  # an override's value text
+MAX_VALUE_NODES = 10_000  # values in it after expanding aliases
+
+
+class TooLong(Exception):
+    def __init__(self, size: int):
+        super().__init__(size)
+        self.size = size
 
 
 def apply(root: Node, sets: list[str] | tuple[str, ...], diags: Diagnostics) -> Node:
@@ -59,10 +77,22 @@ def _apply_one(root: Node, text: str, src: str, diags: Diagnostics) -> None:
         return
     vcol = len(path) + 2
     vloc = SourceLoc(src, 1, vcol, 1, len(text) + 1)
+    from asyncflow.dsl.yaml_front import TooBig
+
     try:
         value = typed(raw)
     except yaml.YAMLError:
         diags.add("AF505", vloc, value=raw)
+        return
+    except TooBig as exc:
+        at = vcol + len(raw) - len(raw.lstrip()) + (exc.mark.index if exc.mark else 0)
+        diags.add(exc.code, SourceLoc(src, 1, at), **exc.fmt)
+        return
+    except TooLong as exc:
+        diags.add("AF109", vloc, path=src, size=exc.size, limit=MAX_VALUE_CHARS)
+        return
+    except RecursionError:
+        diags.add("AF107", vloc, depth=64)
         return
     node: Node = root
     col = 1

@@ -78,11 +78,21 @@ class Diagnostic:
                 width = 1
                 if self.loc.end_line == self.loc.line and self.loc.end_col > self.loc.col:
                     width = self.loc.end_col - self.loc.col
-                out.append(f"    {text}")
-                out.append("    " + " " * (self.loc.col - 1) + "^" * max(1, width))
+                col, quoted = self.loc.col, text
+                if len(text) > QUOTE_WIDTH:  # a window of a long line, around the caret
+                    start = max(0, min(col - 1 - QUOTE_WIDTH // 2, len(text) - QUOTE_WIDTH))
+                    quoted = ("..." if start else "") + text[start:start + QUOTE_WIDTH] + (
+                        "..." if start + QUOTE_WIDTH < len(text) else "")
+                    col = col - start + (3 if start else 0)
+                    width = min(width, QUOTE_WIDTH)
+                out.append(f"    {quoted}")
+                out.append("    " + " " * (col - 1) + "^" * max(1, width))
         if self.hint:
             out.append(f"    hint: {self.hint}")
         return "\n".join(out)
+
+
+QUOTE_WIDTH = 100  # characters of a source line quoted under a diagnostic
 
 
 def _table() -> dict[str, Code]:

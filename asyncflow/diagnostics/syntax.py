@@ -14,6 +14,17 @@ CODES = [
     Code("AF105", "merge-key", "YAML merge keys (<<) are not supported: write the keys out",
          (Example("pipeline: a\n<<: {b: 1}\n", at="<<"),)),
     Code("AF106", "unknown-suffix", "unknown file type '{suffix}': use .yaml, .yml or .af"),
+    Code("AF107", "too-deep", "maps and lists nested more than {depth} deep",
+         (Example("pipeline: a\nx: " + "[" * 65 + "]" * 65 + "\n", at="[]"),
+          Example("pipeline: a\n" + "".join("  " * i + f"k{i}:\n" for i in range(70)) + "  " * 70
+                  + "v: 1\n", at="k64"))),
+    Code("AF108", "alias-bomb", "YAML anchors and aliases refused: {problem}",
+         (Example("pipeline: a\nx0: &x0 [v, v, v, v, v, v, v, v, v, v]\n" + "".join(
+             f"x{i + 1}: &x{i + 1} [" + ", ".join([f"*x{i}"] * 10) + "]\n" for i in range(8)),
+             at="&x3"),
+          Example("pipeline: a\nx: &a [*a]\n", at="&a"))),
+    Code("AF109", "too-large", "'{path}' is {size:,} characters long; at most {limit:,} are read",
+         (Example("pipeline: a\n", at="[1,", sets=("x=[" + "1," * 60_000 + "1]",), in_set=True),)),
     # -- the .af text DSL (dsl/asyncflow.lark, dsl/af_front.py) --------------------------------
     Code("AF110", "af-unexpected-character", "unexpected character '{char}'",
          (Example("pipeline a\nstep steps=2 prompts_per_step=$4\n", at="$4", suffix=".af"),
