@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,13 +73,22 @@ def _jsonl(path):
 def test_checkpoint_layout_is_atomic(tmp_path):
     """Only ``step_N`` directories with a state file count; ``.tmp-`` ones are removed."""
     root = tmp_path / "checkpoints"
-    (root / "step_3").mkdir(parents=True)
-    (root / "step_3" / "state.json").write_text(json.dumps({"version": 3}))
+    for v in (2, 3):
+        (root / f"step_{v}" / "engines" / "update" / "0").mkdir(parents=True)
+        (root / f"step_{v}" / "engines" / "update" / "0" / "state.json").write_text("{}")
+        (root / f"step_{v}" / "state.json").write_text(json.dumps({"version": v}))
     (root / "step_6").mkdir()  # no state.json: never renamed into place by close()
     (root / ".tmp-step_9").mkdir()
     assert checkpoint.latest(str(tmp_path)) == str(root / "step_3")
     got = checkpoint.prepare_resume(str(tmp_path), SPS)
     assert got["version"] == 3 and not (root / ".tmp-step_9").exists()
+    # an unreadable newest checkpoint falls back to the one before it, saying why
+    (root / "step_3" / "state.json").write_text("{cut by a crash")
+    skipped = []
+    assert checkpoint.latest(str(tmp_path), skipped) == str(root / "step_2")
+    assert [os.path.basename(d) for d, _ in skipped] == ["step_6", "step_3"]
+    shutil.rmtree(root / "step_2" / "engines" / "update" / "0")  # engine state gone
+    assert checkpoint.latest(str(tmp_path)) is None
     assert checkpoint.wanted(3, 6, 12) and not checkpoint.wanted(3, 12, 12)
     assert not checkpoint.wanted(None, 3, 12)
 

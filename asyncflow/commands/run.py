@@ -6,7 +6,9 @@ Perfetto or draw it with ``asyncflow viz``). Shows a progress bar (step, samples
 staleness) and a summary table. Ctrl-C stops the workers, keeps the partial trace and metrics,
 and exits 130; a mistake in the file exits 2 with located diagnostics. ``--checkpoint-every K``
 writes ``RUN_DIR/checkpoints/step_N`` every K steps; ``--resume RUN_DIR`` continues a killed run
-from its newest complete checkpoint (:mod:`asyncflow.runtime.checkpoint`).
+from its newest complete checkpoint (:mod:`asyncflow.runtime.checkpoint`). The run directory's
+rules (a lock; no run into a directory holding another without ``--resume`` or ``--force``; a
+changed plan is not resumed without ``--force``) are :mod:`asyncflow.runtime.rundir`'s.
 """
 from __future__ import annotations
 
@@ -50,6 +52,9 @@ def register(app: typer.Typer) -> None:
                 help="checkpoint every K train steps into RUN_DIR/checkpoints/step_N (default off)"),
             resume: Optional[str] = typer.Option(
                 None, "--resume", help="continue RUN_DIR from its newest complete checkpoint"),
+            force: bool = typer.Option(
+                False, "--force", help="--out: replace the run already there; --resume: run a "
+                                       "changed plan from the checkpoint anyway"),
             device_kind: str = typer.Option(
                 "auto", "--device-kind",
                 help="what a pool device is: gpu | cpu (a CPU slot) | auto (GPU only where one is visible)"),
@@ -73,6 +78,11 @@ def register(app: typer.Typer) -> None:
         plan = compile_file(file, sets=tuple(set_ or ()), device_kind=device_kind)  # UserError -> exit 2
         total = steps or plan.step.steps
         run_dir = resume or out_dir or os.path.join("runs", f"{plan.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
+        from asyncflow.runtime import rundir
+
+        claim = rundir.claim(run_dir, plan, resume=resume is not None, force=force)  # AF62x
+        for note in claim.notes:
+            err.print(note, style="yellow", markup=False)
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                             TextColumn("{task.completed}/{task.total}"),
                             TextColumn("{task.fields[info]}"), TimeElapsedColumn(),

@@ -13,4 +13,13 @@ CODES = [
     Code("AF610", "task-raised", "task '{task}': {fn} raised {error} (row {row})"),
     Code("AF611", "task-output-missing", "task '{task}': output '{field}' {problem} (row {row})"),
     Code("AF612", "task-output-type", "task '{task}': output '{field}' holds {problem} (row {row})"),
+    # the run directory (asyncflow.runtime.rundir)
+    Code("AF620", "resume-nothing", "--resume {run_dir}: nothing to resume: {why}"),
+    Code("AF621", "resume-plan-changed",
+         "--resume: the plan differs from the one {ck} was made with, in {n} place(s): {diffs} "
+         "(resume with --force to run the new plan from that checkpoint anyway)"),
+    Code("AF622", "run-dir-not-empty",
+         "--out {run_dir} already holds a run ({files}): --resume it, pick another --out, or "
+         "--force to replace it"),
+    Code("AF623", "run-dir-locked", "{run_dir} is in use by another asyncflow run (pid {pid})"),
 ]

@@ -6,13 +6,19 @@ Layout (every ``K`` train steps, ``--checkpoint-every K``; off by default)::
         engines/<train task>/            the trainer engine's ``save`` (model + optimizer + RNG)
         state.json                       version N, data cursor, steps, plan step settings
         metrics.jsonl, train_rows.jsonl  the run's records of steps 0 .. N-1
-        store.pkl                        ``store.snapshot()`` taken when the checkpoint closed
+        store.json                       rows past the checkpoint some rollout had generated
+        plan.json                        the plan the run executed (resume compares it)
+
+No file of a checkpoint is a pickle (engines save tensors with ``torch.save`` read back with
+``weights_only=True``, or safetensors); every file is fsynced before the rename.
 
 A checkpoint is written into ``checkpoints/.tmp-step_N`` (the trainer saves its engine there
 right after train step ``N - 1``, before it starts step ``N``; the driver adds the rest once
 every trainer has reported step ``N - 1``) and becomes ``step_N`` by one ``os.rename``, after
 ``state.json`` -- the completeness marker -- is written and fsynced. A kill at any moment leaves
-either a complete ``step_N`` or a ``.tmp-`` directory that resume deletes.
+either a complete ``step_N`` or a ``.tmp-`` directory that resume deletes. Resume takes the
+newest checkpoint that reads back whole (:func:`latest`); an unreadable one is skipped, and
+said so, for the one before it.
 
 Resume semantics (DESIGN.md, "Exactly once"): **in-flight rollouts are regenerated and
 counted**, not restored. Resuming from ``step_N``:
@@ -39,7 +45,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import shutil
 import time
@@ -87,11 +92,13 @@ def close(run_dir: str, version: int, *, steps: int, fed: int, prompts_per_step:
     tmp = tmp_dir(run_dir, version)
     os.makedirs(tmp, exist_ok=True)
     try:
-        snap = store.snapshot()
+        past = _generated_past(store.snapshot(), int(version) * int(samples_per_step))
     except Exception as e:  # the checkpoint does not depend on it (rollouts are regenerated)
-        snap = {"error": repr(e)}
-    with open(os.path.join(tmp, "store.pkl"), "wb") as f:
-        pickle.dump(snap, f)
+        past = {"error": repr(e)}
+    _write_json(os.path.join(tmp, "store.json"), past)
+    plan_file = os.path.join(run_dir, "plan.json")
+    if os.path.exists(plan_file):
+        shutil.copyfile(plan_file, os.path.join(tmp, "plan.json"))
     _write_jsonl(os.path.join(tmp, "metrics.jsonl"), [m for m in metrics if m["step"] < version])
     _write_jsonl(os.path.join(tmp, TRAIN_ROWS), [r for r in train_rows if r["step"] < version])
     state = {"version": int(version), "steps_done": int(version), "steps": int(steps),
@@ -99,6 +106,7 @@ def close(run_dir: str, version: int, *, steps: int, fed: int, prompts_per_step:
              "first_row": int(version) * int(samples_per_step), "fed_steps": int(fed),
              "time": time.time()}
     _write_json(os.path.join(tmp, STATE_FILE), state)
+    _fsync_tree(tmp)
     final = os.path.join(root(run_dir), f"step_{int(version)}")
     if os.path.exists(final):  # a resumed run passing the same step again
         shutil.rmtree(final)
@@ -107,18 +115,53 @@ def close(run_dir: str, version: int, *, steps: int, fed: int, prompts_per_step:
     return final
 
 
-def latest(run_dir: str) -> str | None:
-    """The newest complete checkpoint of ``run_dir`` (``None`` when there is none)."""
-    best = None
+def _generated_past(snap: dict, first: int) -> dict:
+    """How many rows at or past ``first`` a rollout had generated (they carry ``_version``)."""
+    n = 0
+    for part in snap.get("shards") or [snap]:
+        n += sum(1 for r, v in zip(part.get("rows", ()), part.get("versions", ()))
+                 if r >= first and v is not None)
+    return {"first_row": first, "generated_rows_past": n}
+
+
+def problem(ck: str) -> str | None:
+    """Why checkpoint directory ``ck`` cannot be resumed from (None when it reads back whole)."""
+    m = _STEP.match(os.path.basename(ck))
+    try:
+        with open(os.path.join(ck, STATE_FILE)) as f:
+            state = json.load(f)
+        if not m or int(state["version"]) != int(m.group(1)):
+            return "its state.json names another step"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"state.json unreadable ({e.__class__.__name__})"
+    engines = os.path.join(ck, "engines")
+    if not os.path.isdir(engines) or not any(os.scandir(engines)):
+        return "no engine state"
+    for d in os.scandir(engines):
+        if d.is_dir() and not any(os.scandir(d.path)):
+            return f"engine state of {d.name} is empty"
+    return None
+
+
+def checkpoints(run_dir: str) -> list[str]:
+    """Every ``step_N`` directory of ``run_dir``, newest first."""
     r = root(run_dir)
     if not os.path.isdir(r):
-        return None
-    for name in os.listdir(r):
-        m = _STEP.match(name)
-        if m and os.path.exists(os.path.join(r, name, STATE_FILE)):
-            if best is None or int(m.group(1)) > best[0]:
-                best = (int(m.group(1)), os.path.join(r, name))
-    return best[1] if best else None
+        return []
+    found = [(int(m.group(1)), os.path.join(r, n)) for n in os.listdir(r) if (m := _STEP.match(n))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest(run_dir: str, skipped: list | None = None) -> str | None:
+    """The newest checkpoint of ``run_dir`` that reads back whole (``None`` when there is
+    none); the newer ones that do not are appended to ``skipped`` as ``(dir, why)``."""
+    for ck in checkpoints(run_dir):
+        why = problem(ck)
+        if why is None:
+            return ck
+        if skipped is not None:
+            skipped.append((ck, why))
+    return None
 
 
 def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
@@ -130,7 +173,8 @@ def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
         for name in os.listdir(r):
             if name.startswith(TMP_PREFIX):
                 shutil.rmtree(os.path.join(r, name), ignore_errors=True)
-    ck = latest(run_dir)
+    skipped: list = []
+    ck = latest(run_dir, skipped)
     if ck is None:
         return None
     with open(os.path.join(ck, STATE_FILE)) as f:
@@ -140,21 +184,16 @@ def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
     rows = _read_jsonl(os.path.join(ck, TRAIN_ROWS))
     seen = _read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     discarded = sorted({int(m["step"]) for m in seen if int(m.get("step", -1)) >= version})
-    regenerated = 0
     try:
-        with open(os.path.join(ck, "store.pkl"), "rb") as f:
-            snap = pickle.load(f)
-        first = version * int(samples_per_step)
-        # a row some rollout had generated (it carries ``_version``) past the checkpoint
-        for part in snap.get("shards") or [snap]:
-            regenerated += sum(1 for r, v in zip(part.get("rows", ()), part.get("versions", ()))
-                               if r >= first and v is not None)
-    except Exception:
-        pass
+        with open(os.path.join(ck, "store.json")) as f:
+            regenerated = int(json.load(f).get("generated_rows_past", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        regenerated = 0
     with open(os.path.join(run_dir, RESUME_LOG), "a") as f:
         f.write(json.dumps({"time": time.time(), "checkpoint": os.path.basename(ck),
                             "version": version, "discarded_steps": discarded,
-                            "regenerated_rows": regenerated}) + "\n")
+                            "regenerated_rows": regenerated,
+                            "skipped": [[os.path.basename(d), why] for d, why in skipped]}) + "\n")
     _write_jsonl(os.path.join(run_dir, TRAIN_ROWS), rows)
     return {"dir": ck, "version": version, "metrics": metrics, "train_rows": rows}
 
@@ -225,6 +264,23 @@ def _read_jsonl(path: str) -> list[dict]:
             except json.JSONDecodeError:  # a line cut by the kill
                 pass
     return out
+
+
+def _fsync_tree(path: str) -> None:
+    """fsync every file below ``path``, then every directory (before the rename publishes it)."""
+    for dirpath, _, files in os.walk(path, topdown=False):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        _fsync_dir(dirpath)
 
 
 def _fsync_dir(path: str) -> None:
