@@ -24,23 +24,32 @@ def ops(plan, worker):
 
 
 def test_deferred_rollout_adopts_before_read_rules_1_3():
-    """Rule 3: WAIT blocks only a versions ahead; ADOPT before READ; sample reads (rule 1)."""
+    """Rule 3: WAIT blocks only a versions ahead; ADOPT before READ; sample reads of whatever
+    is ready up to a whole step (rule 1), at most a chunk per pull of a serve loop."""
     plan = compile_text(src(alpha=1), "t.yaml")
     assert ops(plan, "generate/0") == [
         ("WAIT", "policy", 0, 1, 1), ("ADOPT", "policy", 0, 1, None),
-        ("READ", "prompts->generate", 0, 0, None), ("COMPUTE", "", 0, 0, None),
-        ("WRITE", "generate->score", 0, 0, None), ("WRITE", "generate->ref", 0, 0, None),
-        ("WRITE", "generate->update", 0, 0, None)]
+        ("READ", "prompts->generate", 16, 0, None), ("COMPUTE", "", 16, 0, None),
+        ("WRITE", "generate->score", 16, 0, None), ("WRITE", "generate->ref", 16, 0, None),
+        ("WRITE", "generate->update", 16, 0, None)]
+    read = next(o for o in plan.workers[0].ops if o.kind == "READ")
+    assert (read.granularity, read.min_rows, read.unit, read.chunk) == ("sample", 1, 1, 16)
+    adv = next(o for w in plan.workers if w.id == "advantage/0" for o in w.ops if o.kind == "READ")
+    assert (adv.granularity, adv.rows, adv.unit, adv.min_rows) == ("group", 16, 4, 4)
     assert [(s.src, s.dst, s.model, s.mode) for s in plan.sync] == [
         ("update", "generate", "policy", "deferred")]
 
 
 def test_trainer_reads_micro_batches_and_publishes_without_waiting_rules_1_4():
-    """Rules 1, 4: update READs lcm(group 4, micro_batch 8) = 8 rows, twice a step, then PUBLISHes."""
+    """Rules 1, 2, 4: update READs lcm(group 4, micro_batch 8) = 8 rows, twice a step, trains
+    the whole step once, then PUBLISHes."""
     plan = compile_text(src(alpha=1), "t.yaml")
     o = ops(plan, "update/0")
     assert [k for k, *_ in o] == ["READ"] * 4 + ["COMPUTE", "PUBLISH"]
-    assert all(r == 8 and rep == 2 for k, _, r, rep, _ in o if k in ("READ", "COMPUTE"))
+    assert all(r == 8 and rep == 2 for k, _, r, rep, _ in o if k == "READ")
+    assert [(r, rep) for k, _, r, rep, _ in o if k == "COMPUTE"] == [(16, 1)]
+    read = next(x for x in plan.workers if x.id == "update/0").ops[0]
+    assert (read.granularity, read.min_rows) == ("micro_batch", 8) and read.lease_s > 0
     pub = next(x for x in plan.workers if x.id == "update/0").ops[-1]
     assert "without waiting" in pub.note
 
@@ -67,8 +76,9 @@ def test_naive_schedule_is_whole_step_and_rewrite_is_separate():
     assert gen_wait.max_lag == 0
     ins = [e for e, _ in g.data_edges() if e.dst == "score"]
     n = naive_ops(g, "score", ins, [], [], [])
-    r = overlap_rewrite(g, "score", n, {})
-    assert n[0].rows == 16 and r[0].rows == 0 and n[0] is not r[0]
+    r = overlap_rewrite(g, "score", n, {}, [("sample", 1)])
+    assert n[0].rows == 16 and n[0].granularity == "step" and r[0].granularity == "sample"
+    assert r[0].min_rows == 1 and n[0] is not r[0]
 
 
 def test_workers_channels_and_models():

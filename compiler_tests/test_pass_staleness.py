@@ -82,14 +82,15 @@ def test_staleness_zero_is_lag_zero_everywhere():
 
 
 def test_capacity_rule_5():
-    """Rule 5: (run_ahead + 1) * samples_per_step, bounded by the run and MAX_CAPACITY_ROWS.
+    """Rule 5: (run_ahead + 2) * samples_per_step, bounded by the run and MAX_CAPACITY_ROWS.
 
-        gen --(a=2, 16 rows/step)--> score : capacity 48
+        gen --(a=2, 16 rows/step)--> score : capacity 64
     """
     g = graph(alpha=2)
-    assert g.edge_meta("gen", "score")["capacity"] == 3 * 16
-    assert g.edge_meta("adv", "train")["capacity"] == 3 * 16  # adv runs ahead with its inputs
-    assert capacity(0, 16, 10) == 16
+    assert g.edge_meta("gen", "score")["capacity"] == 4 * 16
+    assert g.edge_meta("adv", "train")["capacity"] == 4 * 16  # adv runs ahead with its inputs
+    assert capacity(0, 16, 10) == 32
+    assert capacity(0, 16, 1) == 16  # a one-step run holds one step
     assert capacity(50, 16, 10) == 160  # never more than the whole run
     assert capacity(10**9, 10**6, 10**9) == MAX_CAPACITY_ROWS
 

@@ -101,7 +101,7 @@ class TaskPlan:
     run_ahead: int = 0  # how many steps ahead of the trainer it may run
     time_share: int = 0  # position in its pool's time-sharing order
     stage: int = 0  # number of step barriers before it within a step (overlap pass)
-    read_rows: int = 0  # rows per READ (0: whatever is ready)
+    read_rows: int = 0  # rows of one READ unit (overlap rule 9; the cost pass's calls per step)
     bind_in: list = field(default_factory=list)  # [field, role] of each input (bind pass)
     bind_out: list = field(default_factory=list)  # [field, role] of each output
     loc: str = ""  # "file:line:col" where the task is defined (for run-time errors)
@@ -109,15 +109,26 @@ class TaskPlan:
 
 @dataclass
 class Op:
+    """One op of a worker's per-step body. A READ says everything the worker needs to lease:
+    up to ``rows`` rows (a fixed-size READ: ``min_rows == rows``), in whole units of ``unit`` rows
+    (a group), waiting for at least ``min_rows``; ``granularity`` ``micro_batch`` / ``step`` reads
+    stay inside one step, in step order. Consecutive READs (one per channel) are one lease: the
+    store joins a row's fields from every channel."""
+
     kind: str  # one of OP_KINDS
     task: str
     channel: str | None = None  # READ/WRITE: the channel id
     fields: list[str] = field(default_factory=list)
-    rows: int = 0  # rows per op (0: whatever is ready)
+    rows: int = 0  # READ: the most rows one READ takes; COMPUTE/WRITE: rows per call (0: as read)
     note: str = ""
     repeat: int = 1  # times per step, all replicas together (0: until the step's rows are done)
     model: str | None = None  # WAIT/ADOPT/PUBLISH: the model whose version it concerns
     max_lag: int | None = None  # WAIT: block until version >= step - max_lag
+    granularity: str = ""  # READ: one of GRANULARITIES (the coarsest of the task's inputs)
+    unit: int = 1  # READ: rows come in whole units of this many (a group: samples_per_prompt)
+    min_rows: int = 1  # READ: the fewest rows it waits for (fewer only when a step has drops)
+    chunk: int = 0  # READ of a continuous-batching loop: the most rows one pull leases
+    lease_s: float = 0.0  # READ: seconds before an unacked lease is re-issued (0: the run's)
 
 
 @dataclass

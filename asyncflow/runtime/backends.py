@@ -223,7 +223,7 @@ def check_feasible(plan, nodes: list[dict]) -> None:
                             "picks CPU slots when there is no GPU)" if res == "GPU" else
                             f"start a node with `ray start --resources '{{\"{res}\": {need:g}}}'`"
                             " or remove the pool's resources entry")
-                    loc = _pool_loc(plan, pool.name)
+                    loc = source_loc(pool.loc, plan.source_file or "<plan>", len(pool.name))
                     sources = Sources()  # the error quotes the pool's line
                     sources.add_file(loc.file)
                     raise error("AF604", loc, hint, sources=sources, pool=pool.name,
@@ -231,27 +231,16 @@ def check_feasible(plan, nodes: list[dict]) -> None:
                                 cluster=", ".join(f"{k} {v:g}" for k, v in sorted(cluster.items())))
 
 
-def _pool_loc(plan, pool: str):
-    """Where ``pool`` is declared in the pipeline file (its key under ``pools``), else the file."""
-    import re
-
+def source_loc(text: str, fallback: str = "<plan>", width: int = 0):
+    """A plan's "file:line:col" (``PoolPlan.loc``, ``TaskPlan.loc``) as a SourceLoc spanning
+    ``width`` columns; the start of ``fallback`` when the plan has no location."""
     from asyncflow.loc import SourceLoc
 
-    path = getattr(plan, "source_file", None) or "<plan>"
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return SourceLoc(path, 1, 1)
-    in_pools = False
-    for i, line in enumerate(lines, 1):
-        in_pools = in_pools or re.match(r"^pools\s*:", line) is not None
-        m = (re.match(rf"^(\s*pool\s+){re.escape(pool)}\b", line) or  # .af: pool NAME(...)
-             (re.match(rf"^(\s+){re.escape(pool)}\s*:", line) if in_pools else None))  # YAML
-        if m:
-            col = len(m.group(1)) + 1
-            return SourceLoc(path, i, col, i, col + len(pool))
-    return SourceLoc(path, 1, 1)
+    file, _, col = str(text or "").rpartition(":")
+    file, _, line = file.rpartition(":")
+    if file and line.isdigit() and col.isdigit():
+        return SourceLoc(file, int(line), int(col), int(line), int(col) + width)
+    return SourceLoc(fallback, 1, 1)
 
 
 def cpu_cores(plan, ncpu: int) -> dict[str, list[int]]:

@@ -4,11 +4,15 @@ What it does, top to bottom (:meth:`Driver.run`):
 
 1. load the prompts of the plan's data source;
 2. make the store (one row per sample) and the control plane, register every task's inputs;
-3. start one worker per :class:`~asyncflow.plan.WorkerPlan` (threads or Ray actors);
+3. start one worker per :class:`~asyncflow.plan.WorkerPlan` (threads or Ray actors), a pool's
+   colocated workers in its time-sharing order (``TaskPlan.time_share``: the first builds its
+   engine on the shared devices first);
 4. feed prompts: prompt ``k`` is replicated ``samples_per_prompt`` times (one ``_group``) and
    belongs to step ``k // prompts_per_step``, so step ``s`` owns rows
-   ``[s * samples_per_step, (s + 1) * samples_per_step)``. Steps are fed a little ahead of what
-   the staleness gate lets producers start (``version + alpha + 1``);
+   ``[s * samples_per_step, (s + 1) * samples_per_step)``. The driver is the data sources'
+   producer: it keeps each source channel as full as the plan's ``capacity`` says (rows of steps
+   below ``trained + capacity / samples_per_step``; staleness rule 5: the step being trained,
+   the steps the gate lets producers run ahead -- the plan's ``run_ahead`` -- and one in flight);
 5. every few milliseconds collect the workers' reports; per finished train step write one line
    of ``metrics.jsonl`` and call ``on_step``;
 6. when every train task has done its last step (or, without one, every row is consumed), stop
@@ -35,7 +39,7 @@ from typing import Any, Callable
 from asyncflow import refs
 from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan
-from asyncflow.runtime.backends import make_backend
+from asyncflow.runtime.backends import make_backend, source_loc
 from asyncflow.runtime.trace import MetricsLog, mean_std, write_trace
 
 
@@ -65,14 +69,15 @@ def worker_error(wid: str, msg, tb: str) -> AsyncflowError:
     if not isinstance(msg, dict):
         return RunError(f"worker {wid} failed: {msg}", tb)
     from asyncflow.diagnostics import error
-    from asyncflow.loc import SourceLoc, Sources
+    from asyncflow.loc import Sources
 
     loc, sources = None, Sources()
-    file, _, rest = str(msg.get("loc") or "").rpartition(":")
-    file, _, line = file.rpartition(":")
-    if file and line.isdigit() and rest.isdigit():
-        loc = SourceLoc(file, int(line), int(rest))
-        sources.add_file(file)
+    if msg.get("loc"):
+        loc = source_loc(msg["loc"], "")
+        if loc.file:
+            sources.add_file(loc.file)
+        else:
+            loc = None
     fields = {k: v for k, v in msg["fields"].items() if k != "tb"}
     e = error(msg["code"], loc, f"in worker {wid}", sources=sources, **fields)
     e.details = msg["fields"].get("tb") or tb
@@ -222,7 +227,7 @@ class Driver:
         self.control = ctl
         trainers = [t.name for t in plan.tasks if t.kind == "train"]
         primary = self._primary(trainers)
-        alpha = max((s.max_staleness for s in plan.sync), default=0)
+        ahead = self._ahead()
         t0 = time.time()
         self.t0 = t0
         metrics = MetricsLog(os.path.join(self.out_dir, "metrics.jsonl") if self.out_dir else None)
@@ -239,12 +244,13 @@ class Driver:
         interrupted = False
         last = {"t": t0, "busy": {}, "exposed": {}, "drops": 0}
         try:
-            be.start(plan.to_dict(), [w.id for w in plan.workers], store, worker_ctl, t0,
-                     self.options)
+            share = {t.name: t.time_share for t in plan.tasks}
+            order = sorted(plan.workers, key=lambda w: share.get(w.task, 0))  # stable: by plan
+            be.start(plan.to_dict(), [w.id for w in order], store, worker_ctl, t0, self.options)
             self.started = True
             self._wait_ready(ctl, be)
             last["t"] = self.ready = time.time()  # step 0's clock starts when rows can flow
-            fed = self._feed(store, prompts, fed, min(st.steps, start + alpha + 2))
+            fed = self._feed(store, prompts, fed, min(st.steps, start + ahead))
             last_expire = time.time()
             while True:
                 for wid in self._kill_requests[:]:
@@ -281,7 +287,7 @@ class Driver:
                         self.on_step(row)
                 version = min(done.values()) if done else st.steps
                 if fed < st.steps:
-                    fed = self._feed(store, prompts, fed, min(st.steps, version + alpha + 2))
+                    fed = self._feed(store, prompts, fed, min(st.steps, version + ahead))
                 if trainers and all(done[t] >= st.steps for t in trainers):
                     break
                 if not trainers and fed >= st.steps and self._all_consumed(store, fed):
@@ -329,6 +335,14 @@ class Driver:
         """The train task whose version the rollouts follow (a sync edge's source)."""
         srcs = [s.src for s in self.plan.sync if s.src in trainers]
         return srcs[0] if srcs else (trainers[0] if trainers else None)
+
+    def _ahead(self) -> int:
+        """Steps fed beyond the last trained one: the most a data source's channel holds
+        (its ``capacity``, staleness rule 5), in whole steps."""
+        sources = {d.name for d in self.plan.data}
+        sps = self.plan.step.samples_per_step
+        caps = [c.capacity for c in self.plan.channels if c.src in sources]
+        return max(1, -(-max(caps, default=sps) // sps))
 
     def _feed(self, store, prompts: list[dict], fed: int, upto: int) -> int:
         """Add the rows of steps ``fed .. upto - 1``; returns ``upto``."""

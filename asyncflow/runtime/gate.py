@@ -59,20 +59,3 @@ class Gate:
     def fresh_enough(self, row: int, version: int) -> bool:
         """Rule 3: may a rollout write ``row`` generated with ``version``."""
         return self.step_of(row) - version <= self.alpha
-
-
-def gates_for(plan) -> dict[str, Gate]:
-    """The gate of every task that receives weights through a sync edge (task -> Gate)."""
-    sps, steps = plan.step.samples_per_step, plan.step.steps
-    out: dict[str, Gate] = {}
-    for s in plan.sync:
-        g = Gate(int(s.max_staleness), sps, steps)
-        prev = out.get(s.dst)
-        if prev is None or g.alpha < prev.alpha:
-            out[s.dst] = g
-    return out
-
-
-def alpha_of(plan) -> int:
-    """The tightest staleness bound of the plan (0 when there is no sync edge)."""
-    return min((int(s.max_staleness) for s in plan.sync), default=0)

@@ -1,23 +1,34 @@
-"""One worker per task replica (a :class:`~asyncflow.plan.WorkerPlan`): pull, compute, push.
+"""One worker per task replica (a :class:`~asyncflow.plan.WorkerPlan`): it executes its op list.
 
-A worker runs its own loop and *pulls* rows from the sample store (the pull is the load
-balancing between replicas); nothing is pushed to it. Its op list is the plan's
-READ / COMPUTE / WRITE (+ WAIT / ADOPT / PUBLISH) body; how it runs depends on the task:
+The compiled plan is the program. A worker walks its ``WorkerPlan.ops`` -- WAIT, ADOPT, READ,
+COMPUTE, WRITE, PUBLISH -- and calls each op's handler from one dispatch table
+(:attr:`Worker.ops`); consecutive READs (one per input channel) are one lease, since the store
+joins a row's fields from every channel, and consecutive WRITEs are one ack. Everything a READ
+needs is on the op (the lower pass computes it): the most rows it takes (``rows``), the fewest it
+waits for (``min_rows``), whole units (``unit``, a group), whether it stays inside one step
+(``granularity`` ``micro_batch`` / ``step``), a pull's size (``chunk``) and how long a lease is
+held (``lease_s``). The loop shape comes from the kinds table (``kinds.KINDS[kind].loop``,
+:attr:`Worker.loops`); the COMPUTE runner from ``kinds.KINDS[kind].runner``:
 
-==========================  ===================================================================
-loop                        used by
-==========================  ===================================================================
-:meth:`Worker._serve`       rollouts whose engine has ``serve(pull, emit)`` (continuous
-                            batching across steps: a freed slot takes the next row at once)
-:meth:`Worker._batches`     every other rollout, scorer, reward, advantage, filter, custom
-:meth:`Worker._train`       train tasks: one whole step per train step, then PUBLISH
-==========================  ===================================================================
+==========  ========================================================================================
+loop        body
+==========  ========================================================================================
+``batches`` the op list, over and over: WAIT (a gated worker whose last READ found nothing waits on
+            the weight board), ADOPT (newer weights, between requests), READ what is ready, COMPUTE,
+            WRITE; a ``step`` READ takes step r, r + R, ... (replica r of R)
+``serve``   a rollout engine with ``serve(pull, emit)`` (continuous batching across steps; an
+            engine without it runs ``batches``): ``pull`` runs WAIT, ADOPT and a READ of at most
+            ``chunk`` rows, the engine computes, a lease whose rows are all done runs the WRITEs
+``train``   once per step n: READ micro-batches of step n's rows until all of them (but the
+            dropped) are leased, staleness-checked (gate rule 4); COMPUTE one ``train_step`` on
+            the whole step in row order; PUBLISH version n + 1; then ack, checkpoint, report
+==========  ========================================================================================
 
 Every store call moves a batch (a lease of many rows, an ack with its output columns); the
 control plane (stop flag, newest weights, trace spans, busy time) is one batched ``sync`` call
-every few milliseconds, never one call per sample. A gated worker (fed weights through a sync
-edge) adopts the newest published version *between* requests and leases only rows its version
-may start (:mod:`asyncflow.runtime.gate`). A READ that finds nothing backs off briefly.
+every few milliseconds, never one call per sample. A gated worker leases only rows its version
+may start (:mod:`asyncflow.runtime.gate`, rule 2, with the WAIT op's ``max_lag`` as alpha). A
+READ that finds nothing backs off briefly.
 
 This module imports neither Ray nor torch: the store and the control are handles whose methods
 are plain calls (the Ray backend hands in proxies).
@@ -30,14 +41,12 @@ from typing import Any
 
 from asyncflow import kinds
 from asyncflow.engines.base import EngineSpec, load_engine_class
-from asyncflow.plan import Plan
+from asyncflow.plan import Op, Plan
 from asyncflow.runtime.contract import TaskError, check_outputs
-from asyncflow.runtime.gate import Gate, gates_for
+from asyncflow.runtime.gate import Gate
 from asyncflow.runtime.tasks import _accepted, runner_for
 from asyncflow.runtime.trace import Recorder
 from asyncflow.runtime.weights import Adopter, publish
-
-RANK = {"sample": 0, "micro_batch": 1, "group": 2, "step": 3}
 
 
 class Crash(BaseException):
@@ -84,16 +93,17 @@ def _rollout_temperature(plan: Plan) -> float:
     return 1.0
 
 
-def read_shape(plan: Plan, task) -> tuple[str, int]:
-    """(granularity, rows per READ) of ``task``'s input channels (the coarsest one)."""
-    grans = [c.granularity for c in plan.channels if c.dst == task.name] or ["sample"]
-    gran = max(grans, key=lambda g: RANK.get(g, 0))
-    rows = int(getattr(task, "read_rows", 0) or 0)
-    if not rows:
-        reads = [op.rows for w in plan.workers if w.task == task.name for op in w.ops
-                 if op.kind == "READ" and op.rows]
-        rows = max(reads, default=0)
-    return gran, rows
+def body(ops: list[Op]) -> list[Op]:
+    """The op list as the worker runs it: a run of READs (one per channel) is one READ over
+    their fields, a run of WRITEs one WRITE (one lease, one ack)."""
+    out: list[Op] = []
+    for op in ops:
+        if out and op.kind in ("READ", "WRITE") and out[-1].kind == op.kind:
+            out[-1] = Op(**{**out[-1].__dict__,
+                            "fields": list(dict.fromkeys(out[-1].fields + op.fields))})
+        else:
+            out.append(op)
+    return out
 
 
 class Worker:
@@ -110,14 +120,32 @@ class Worker:
         self.use_ray = bool(self.opt.get("ray", False))
         self.sync_every = float(self.opt.get("sync_s", 0.01))
         self.backoff = float(self.opt.get("backoff_s", 0.005))
+        self.timeout = float(self.opt.get("read_timeout_s", 0.02))
         self.rec = Recorder(worker_id, self.task.name, self.wp.pool)
         self.st = self.plan.step
-        self.gate: Gate | None = gates_for(self.plan).get(self.task.name)
-        self.models_in = sorted({s.model for s in self.plan.sync if s.dst == self.task.name})
+        self.body = body(self.wp.ops)
+        self.ops = {"WAIT": self._wait, "ADOPT": self._adopt, "READ": self._read,
+                    "COMPUTE": self._compute, "WRITE": self._write, "PUBLISH": self._publish}
+        self.loops = {"batches": self._loop_batches, "serve": self._loop_serve,
+                      "train": self._loop_train}
+        self.loop = kinds.KINDS[self.task.kind].loop
+        # gate rule 2: alpha is the WAIT ops' max_lag (the smallest of the task's sync edges)
+        lags = [o.max_lag for o in self.body if o.kind == "WAIT" and o.max_lag is not None]
+        sps, steps = self.st.samples_per_step, self.st.steps
+        self.gate: Gate | None = Gate(min(lags), sps, steps) if lags else None
+        # gate rule 4 for a trainer: the staleness its published versions may carry
+        self.accept = Gate(max((s.max_staleness for s in self.plan.sync if s.src == self.task.name),
+                               default=0), sps, steps)
+        self.models_in = sorted({o.model for o in self.body if o.kind == "ADOPT" and o.model})
+        self.publish_every = max((int(s.publish_every or 1) for s in self.plan.sync
+                                  if s.src == self.task.name), default=1)
         self.engine: Any = None
         self.adopter: Adopter | None = None
         self._crash = False
         self._stopped = False
+        self._newer: dict = {}
+        self._idle = False  # the last READ found nothing
+        self._cursor = int(self.opt.get("start_step", 0)) + self.wp.replica  # step READs
         self._last_sync = 0.0
         self._rewards: list = []  # (rows, values) to report
         self._drops: list = []  # (rows, reason) to report
@@ -128,6 +156,17 @@ class Worker:
         self.roles_out = [(f, r) for f, r in self.task.bind_out]
         self.out_types = [(f, kinds.ROLES[r].type if r in kinds.ROLES else "any")
                           for f, r in self.roles_out]
+        # a task that writes a response stamps each row with the version it was generated with
+        self.stamps = any(r == "response" for _, r in self.roles_out)
+        # a trainer's reads carry the reward column (for the step's reward_mean): the field a
+        # reward task writes as its reward, else a multi-turn rollout's episode return
+        self.reward = None
+        self.fields = None
+        if self.loop == "train":
+            self.reward = next((f for t in sorted(self.plan.tasks, key=lambda t: t.kind != "reward")
+                                for f, r in t.bind_out if r == "reward"), None)
+            if self.reward and self.reward not in self.task.inputs:
+                self.fields = list(self.task.inputs) + [self.reward]
 
     # ------------------------------------------------------------------ control plane
     def kill(self) -> None:
@@ -139,9 +178,9 @@ class Worker:
             raise Crash()
 
     def _sync(self, force: bool = False, wait_s: float = 0.0) -> bool:
-        """Flush spans/busy/reports, learn the stop flag and adopt newer weights (between
-        requests only). ``wait_s``: wait up to that long for a newer version if there is none
-        (a gated rollout). Returns True when the run is stopping."""
+        """Flush spans/busy/reports, learn the stop flag and of newer weights (the ADOPT op
+        takes them up). ``wait_s``: wait up to that long for a newer version if there is none
+        (a gated worker's WAIT). Returns True when the run is stopping."""
         self._check()
         now = time.time()
         if not force and not wait_s and now - self._last_sync < self.sync_every:
@@ -153,16 +192,9 @@ class Worker:
         self._rewards, self._drops = [], []
         reply = self.control.sync(self.id, self.rec.drain(), state, known, wait_s)
         self._stopped = bool(reply.get("stop"))
-        newer = reply.get("newer") or {}
-        if newer and self.adopter is not None and not self._stopped:
-            t = time.time()
-            if self.adopter.adopt(newer):
-                self.rec.span("ADOPT", 0, t, version=self.adopter.version)
+        if reply.get("newer"):
+            self._newer = reply["newer"]
         return self._stopped
-
-    def _report_outputs(self, rows: list[int], cols: dict) -> None:
-        if self.task.kind == "reward" and self.task.outputs:
-            self._rewards.append((list(rows), list(cols[self.task.outputs[0]])))
 
     # ------------------------------------------------------------------ bindings
     def _to_roles(self, cols: dict) -> dict:
@@ -188,12 +220,10 @@ class Worker:
     def run(self) -> dict:
         try:
             self._start()
-            if self.task.kind == "train":
-                self._train()
-            elif self.task.kind == "rollout" and hasattr(self.engine, "serve"):
-                self._serve()
-            else:
-                self._batches()
+            loop = self.loop
+            if loop == "serve" and not hasattr(self.engine, "serve"):
+                loop = "batches"  # an engine without continuous batching
+            self.loops[loop]()
             status = "stopped"
         except Crash:
             return {"worker": self.id, "status": "crashed", **self._stats, **self._where()}
@@ -241,29 +271,29 @@ class Worker:
 
     def _start(self) -> None:
         t = time.time()
+        runner = kinds.KINDS[self.task.kind].runner
         if kinds.KINDS[self.task.kind].engine or self.task.engine:
             cls = load_engine_class(self.task.engine)
             self.engine = cls(engine_spec(self.plan, self.task, self.wp.replica, self.paths))
-            self.compute = None
-            if self.task.kind == "train" and self.opt.get("resume_dir"):  # --resume
+            if self.loop == "train" and self.opt.get("resume_dir"):  # --resume
                 from asyncflow.runtime import checkpoint
 
                 self.engine.load(checkpoint.engine_dir(self.opt["resume_dir"], self.id))
+            method = runner.partition(".")[2] if runner.startswith("engine.") else "logprobs"
+            self.call = getattr(self.engine, method)
         else:
-            self.compute = runner_for(self.task, self.paths)
+            self.call = runner_for(self.task, self.paths)
         if self.models_in:
             self.adopter = Adopter(self.engine, self.models_in, self.use_ray)
         self.rec.span("START", 0, t)
         self._sync(force=True)
 
-    # ------------------------------------------------------------------ gated reads
-    def _max_row(self) -> int | None:
-        if self.gate is None:
-            return None
-        return self.gate.max_row(self.adopter.version if self.adopter else 0)
-
     def _version(self) -> int | None:
         return self.adopter.version if self.adopter else None
+
+    def _max_row(self) -> int | None:
+        """Gate rule 2: the rows this worker's version may start."""
+        return None if self.gate is None else self.gate.max_row(self._version() or 0)
 
     def _fresh(self, rows: list[int], version: int | None) -> list[int]:
         """Rows that may not be written with ``version`` (gate rule 3)."""
@@ -271,18 +301,44 @@ class Worker:
             return []
         return [r for r in rows if not self.gate.fresh_enough(r, version)]
 
-    # ------------------------------------------------------------------ continuous batching
-    def _serve(self) -> None:
-        """A rollout engine with ``serve``: rows stream in as slots free up and out as each
-        sample finishes; a lease is acked (outputs written) once all of its rows are done."""
+    # ------------------------------------------------------------------ loops
+    def _loop_batches(self) -> None:
+        while not self._sync():
+            it: dict = {}
+            for op in self.body:
+                if not self.ops[op.kind](op, it):
+                    break
+
+    def _loop_train(self) -> None:
+        step = int(self.opt.get("start_step", 0))
+        if step:  # resumed: rollouts start from the checkpoint's weights
+            for op in self.body:
+                if op.kind == "PUBLISH" and op.model:
+                    publish(self.engine, op.model, step, self.use_ray, self.control.publish)
+        while step < self.st.steps:
+            if self._sync():
+                return
+            it: dict = {"step": step}
+            for op in self.body:
+                self.ops[op.kind](op, it)
+            self._end_step(it)
+            step += 1
+        self._sync(force=True)
+
+    def _loop_serve(self) -> None:
+        """``pull`` runs the ops up to the READ (at most ``chunk`` rows a lease); the engine
+        computes; a lease whose rows are all done runs the ops after COMPUTE (its WRITE)."""
         eng = self.engine
+        k = next(i for i, op in enumerate(self.body) if op.kind == "READ")
+        pre, read = self.body[:k + 1], self.body[k]
+        post = [op for op in self.body[k + 1:] if op.kind != "COMPUTE"]
         slots = max(1, int(getattr(eng, "slots", 64)))
-        chunk = max(int(self.opt.get("serve_chunk", 16)), self.st.samples_per_prompt)
-        leases: dict[int, dict] = {}  # lease id -> {"rows", "done": {row: outputs}, ...}
+        leases: dict[int, dict] = {}  # lease id -> {"lease", "done": {row: outputs}, ...}
         row_lease: dict[int, int] = {}
         in_flight = [0]
         last_empty = [0.0]
         lanes: list[int] = []  # lane -> 1 busy / 0 free (trace lanes of concurrent leases)
+
         def flush_done() -> None:
             for lid in [l for l, v in leases.items() if len(v["done"]) == len(v["rows"])]:
                 v = leases.pop(lid)
@@ -290,49 +346,39 @@ class Worker:
                 cols = self._to_fields({r: [v["done"][x].get(r) for x in rows]
                                         for _, r in self.roles_out}, rows)
                 versions = [v["done"][r].get("_version", v["version"]) for r in rows]
-                stale = self._fresh(rows, min(versions))
                 t = time.time()
                 self.rec.span("COMPUTE", len(rows), v["start"], t, min(versions),
                               self.gate.step_of(rows[0]) if self.gate else None, lane=v["lane"])
                 lanes[v["lane"]] = 0
                 self._check()
-                if stale:  # rule 3: generate again with newer weights, in place
-                    self._stats["stale_dropped"] += len(stale)
-                    self._drops.append((stale, "regenerated"))
-                    self.store.release(lid)
-                    continue
-                cols["_version"] = versions
-                self.store.ack(lid, cols)
-                self._stats["rows"] += len(rows)
-                self.rec.span("WRITE", len(rows), t, version=min(versions))
+                it = {"lease": v["lease"], "rows": rows, "out": cols, "versions": versions,
+                      "version": min(versions), "end": t}
+                for op in post:
+                    if not self.ops[op.kind](op, it):
+                        break
 
-        def pull(k: int):
+        def pull(n: int):
             if self._sync():
                 raise Stop()
             flush_done()
-            now = time.time()
-            if now - last_empty[0] < self.backoff:
+            if time.time() - last_empty[0] < self.backoff:
                 return {}
-            t = now
-            lease = self.store.get(self.task.name, min(k, chunk), max_row=self._max_row())
-            if lease is None:
-                last_empty[0] = time.time()
-                self._stats["empty_reads"] += 1
-                return {}
-            self._check()
+            it: dict = {"pull": min(n, read.chunk or read.rows)}
+            for op in pre:
+                if not self.ops[op.kind](op, it):
+                    last_empty[0] = time.time()
+                    return {}
+            lease = it["lease"]
             lane = lanes.index(0) if 0 in lanes else len(lanes)
             if lane == len(lanes):
                 lanes.append(1)
             lanes[lane] = 1
-            leases[lease.id] = {"rows": list(lease.rows), "done": {}, "start": time.time(),
-                                "version": self._version(), "lane": lane}
+            leases[lease.id] = {"lease": lease, "rows": list(lease.rows), "done": {},
+                                "start": time.time(), "version": self._version(), "lane": lane}
             for r in lease.rows:
                 row_lease[r] = lease.id
             in_flight[0] += len(lease.rows)
             self.rec.occupancy(min(1.0, in_flight[0] / slots))
-            self._stats["leases"] += 1
-            self.rec.span("READ", len(lease.rows), t, version=self._version(),
-                          step=self.gate.step_of(lease.rows[0]) if self.gate else None)
             return self._to_roles(lease.columns)
 
         def emit(row: dict) -> None:
@@ -350,189 +396,186 @@ class Worker:
         except Stop:
             pass
 
-    # ------------------------------------------------------------------ batch loop
-    def _read_args(self) -> dict:
-        gran, rows = read_shape(self.plan, self.task)
-        spp = self.st.samples_per_prompt
-        # rows per call: the task's ``batch_size`` (a rollout's ``slots``), else a whole step.
-        # A READ takes what is ready, up to that many rows, so the stream still flows row by
-        # row; but an engine called on 64 rows costs nearly what it costs on 256 (measured:
-        # hf rollout 15 ms for 64 rows, 42 ms for 256), so small fixed batches multiplied the
-        # engine time of a step by up to 4 (grpo_digits: 0.205 -> 0.115 s per step)
-        args = self.task.args or {}
-        batch = int(args.get("batch_size", 0) or 0) or int(
-            self.opt.get("batch_rows", 0) or 0) or self.st.samples_per_step
-        if self.task.kind == "rollout":
-            batch = int(args.get("slots", 0) or 0) or batch
-        if gran == "group" and spp > 1:
-            n = max(rows, spp)
-            n = max(spp, (max(n, batch) // spp) * spp)
-            return {"n": n, "whole_groups": True, "group_size": spp, "min_rows": spp}
-        if gran in ("micro_batch",) and rows:
-            return {"n": max(rows, batch), "min_rows": 1}
-        return {"n": max(rows, batch) if rows else batch, "min_rows": 1}
+    # ------------------------------------------------------------------ op handlers
+    # each takes (op, it): ``it`` holds this turn's lease, rows, columns, version, step; a
+    # handler returns False when the rest of the body has nothing to do this turn
+    def _wait(self, op: Op, it: dict) -> bool:
+        """Block on the weight board when the last READ found nothing the gate lets this version
+        start: the board wakes the worker the moment the trainer publishes (a serve loop never
+        blocks: it keeps emitting finished samples)."""
+        if self._idle and "pull" not in it and self.adopter is not None and self.adopter.known:
+            self._idle = False
+            self._sync(wait_s=self.timeout)
+        return True
 
-    def _batches(self) -> None:
-        gran, _ = read_shape(self.plan, self.task)
-        if gran == "step":
-            return self._steps()
-        kw = self._read_args()
-        timeout = float(self.opt.get("read_timeout_s", 0.02))
-        # a gated replica (fed weights through a sync edge) waits on the weight board, not on
-        # the store: the rows it may not start yet become readable only with a newer version,
-        # and the board wakes it the moment the trainer publishes one (it used to sit out the
-        # store's read timeout, then a backoff, then the next heartbeat: ~60 ms per step)
+    def _adopt(self, op: Op, it: dict) -> bool:
+        """Take up the newer weights the last heartbeat offered (between requests)."""
+        newer, self._newer = self._newer, {}
+        if newer and self.adopter is not None and not self._stopped:
+            t = time.time()
+            if self.adopter.adopt(newer):
+                self.rec.span("ADOPT", 0, t, version=self.adopter.version)
+        return True
+
+    def _read(self, op: Op, it: dict) -> bool:
+        if op.granularity in ("micro_batch", "step"):
+            return self._read_step(op, it)
+        n = it.get("pull", op.rows)
         gated = self.gate is not None and self.adopter is not None and bool(self.adopter.known)
-        while not self._sync():
-            t = time.time()
-            lease = self.store.get(self.task.name, kw["n"], min_rows=kw["min_rows"],
-                                   whole_groups=kw.get("whole_groups", False),
-                                   group_size=kw.get("group_size", 1), max_row=self._max_row(),
-                                   timeout=0.0 if gated else timeout)
-            if lease is None:
-                self._stats["empty_reads"] += 1
-                if gated:
-                    self._sync(wait_s=timeout)
-                else:
-                    time.sleep(self.backoff)
-                continue
-            self.rec.span("READ", len(lease.rows), t, version=self._version())
-            self._process(lease)
-
-    def _steps(self) -> None:
-        """Step granularity (e.g. a batch-scope advantage): replica r takes steps r, r+R, ..."""
-        sps = self.st.samples_per_step
-        step = int(self.opt.get("start_step", 0)) + self.wp.replica  # resumed: from the cursor
-        while step < self.st.steps and not self._sync():
-            lo, hi = step * sps, (step + 1) * sps
-            alive = sps - self.control.dropped_rows(lo, hi)
-            if alive <= 0:
-                step += self.task.replicas
-                continue
-            t = time.time()
-            lease = self.store.get(self.task.name, sps, min_rows=alive, max_row=hi,
-                                   filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None,
-                                   timeout=float(self.opt.get("read_timeout_s", 0.05)))
-            if lease is None:
-                continue
-            self.rec.span("READ", len(lease.rows), t, version=self._version(), step=step)
-            self._process(lease, step)
-            step += self.task.replicas
-
-    def _process(self, lease, step: int | None = None) -> None:
-        cols_in = lease.columns
-        version = self._version()
-        t = self.rec.compute_begin()
-        keep = None
-        rows = list(lease.rows)
-        if self.compute is not None:
-            out, keep = self.compute(cols_in)
-            cols = {f: out.get(f) for f in self.task.outputs}
-            check_outputs(self.task, cols, self.out_types, rows)
-        else:
-            call = self.engine.generate if self.task.kind == "rollout" else self.engine.logprobs
-            cols = self._to_fields(call(self._to_roles(cols_in)), rows)
-        end = self.rec.compute_end()
+        t = time.time()
+        # a gated worker waits on the weight board (its WAIT), not on the store: the rows it may
+        # not start yet become readable only with a newer version
+        lease = self.store.get(self.task.name, n, min_rows=min(op.min_rows, n),
+                               whole_groups=op.granularity == "group" and op.unit > 1,
+                               group_size=op.unit, max_row=self._max_row(),
+                               timeout=0.0 if gated or "pull" in it else self.timeout,
+                               lease_s=op.lease_s or None)
+        if lease is None:
+            self._stats["empty_reads"] += 1
+            self._idle = True
+            if not gated and "pull" not in it:
+                time.sleep(self.backoff)
+            return False
         self._check()
-        if step is None and self.gate is not None:
-            step = self.gate.step_of(rows[0])
-        self.rec.span("COMPUTE", len(rows), t, end, version, step)
-        cols = {o: list(v) for o, v in cols.items()}
-        if self.task.kind == "rollout":
-            stale = self._fresh(rows, version)
-            if stale:  # gate rule 3: regenerate in place with newer weights
+        self._stats["leases"] += 1
+        version = self._version()
+        self.rec.span("READ", len(lease.rows), t, version=version,
+                      step=self.gate.step_of(lease.rows[0]) if self.gate else None)
+        it.update(lease=lease, rows=list(lease.rows), cols=lease.columns, version=version)
+        return True
+
+    def _read_step(self, op: Op, it: dict) -> bool:
+        """READ inside one step: ``op.rows`` at a time until every row of the step that is not
+        dropped is leased; a trainer drops rows beyond its staleness bound (gate rule 4) and
+        reads again. The leases' columns are joined in row order."""
+        sps = self.st.samples_per_step
+        if "step" not in it:  # a step READ of a batches loop: replica r takes r, r + R, ...
+            if self._cursor >= self.st.steps:
+                raise Stop()
+            it["step"] = self._cursor
+            self._cursor += self.task.replicas
+        step = it["step"]
+        lo, hi = step * sps, (step + 1) * sps
+        leases = it.setdefault("leases", [])
+        alive = sps - self.control.dropped_rows(lo, hi)
+        have = 0
+        while have < alive:
+            if self._sync():
+                raise Stop()
+            want = min(op.rows, alive - have)
+            t = time.time()
+            lease = self.store.get(self.task.name, want, min_rows=want, max_row=hi,
+                                   filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None,
+                                   timeout=float(self.opt.get("train_read_timeout_s", 0.05)),
+                                   lease_s=op.lease_s or None, fields=self.fields)
+            if lease is None:  # rows may have been dropped since (a filter)
+                alive = sps - self.control.dropped_rows(lo, hi)
+                continue
+            self._check()
+            versions = lease.columns.get("_version") or [None] * len(lease.rows)
+            bad = [r for r, v in zip(lease.rows, versions) if not self.accept.accepts(step, v)]
+            if self.loop == "train" and bad:  # gate rule 4: drop, count, read again
+                self.store.drop(bad, "staleness")
+                self.control.note_drops(bad, "staleness")
+                self.store.release(lease.id)
+                alive = sps - self.control.dropped_rows(lo, hi)
+                continue
+            self._stats["leases"] += 1
+            self.rec.span("READ", len(lease.rows), t,
+                          version=step if self.loop == "train" else self._version(), step=step)
+            leases.append(lease)
+            have += len(lease.rows)
+        if not leases:
+            return self.loop == "train"  # a trainer still trains (nothing) and publishes
+        cols: dict = {f: [x for l in leases for x in l.columns[f]] for f in leases[0].columns}
+        order = sorted(range(len(cols["_row"])), key=cols["_row"].__getitem__)
+        it.update(lease=leases[0] if len(leases) == 1 else None, cols={
+            f: [v[i] for i in order] for f, v in cols.items()}, version=self._version())
+        it["rows"] = list(it["cols"]["_row"])
+        return True
+
+    def _compute(self, op: Op, it: dict) -> bool:
+        rows = it.get("rows", [])
+        t = self.rec.compute_begin()
+        if self.loop == "train":  # a trainer's runner returns metrics, not columns
+            it["metrics"] = self.call(self._to_roles(dict(it.get("cols") or {}))) if rows else {}
+            version = it["step"]
+        elif self.engine is not None:
+            it["out"] = self._to_fields(self.call(self._to_roles(it["cols"])), rows)
+            version = it["version"]
+        else:
+            out, it["keep"] = self.call(it["cols"])
+            it["out"] = {f: out.get(f) for f in self.task.outputs}
+            check_outputs(self.task, it["out"], self.out_types, rows)
+            version = it["version"]
+        it["end"] = end = self.rec.compute_end()
+        it["compute_s"] = end - t
+        self._check()
+        if it.get("step") is None and self.gate is not None:
+            it["step"] = self.gate.step_of(rows[0])
+        self.rec.span("COMPUTE", len(rows), t, end, version, it.get("step"))
+        return True
+
+    def _write(self, op: Op, it: dict) -> bool:
+        """Ack the lease with the output columns (gate rule 3 first: a row too stale for its
+        step is generated again with newer weights, in place; a filter's dropped rows go
+        before the ack, so no downstream task sees them)."""
+        rows, version, lease = it["rows"], it["version"], it["lease"]
+        cols = {o: list(v) for o, v in it["out"].items()}
+        if self.stamps:
+            versions = it.get("versions") or [version if version is not None else 0] * len(rows)
+            stale = self._fresh(rows, min(versions) if it.get("versions") else version)
+            if stale:
                 self._stats["stale_dropped"] += len(stale)
                 self._drops.append((stale, "regenerated"))
                 self.store.release(lease.id)
-                return
-            cols["_version"] = [version if version is not None else 0] * len(rows)
+                return False
+            cols["_version"] = versions
+        keep = it.get("keep")
         if keep is not None:
             gone = [r for r, k in zip(rows, keep) if not k]
-            if gone:  # drop before the ack: no downstream task may see them
+            if gone:
                 self.store.drop(gone, self.task.name)
                 self.control.note_drops(gone, "filter")
         self.store.ack(lease.id, cols)
         self._stats["rows"] += len(rows)
-        self._stats["leases"] += 1
-        self._report_outputs(rows, cols)
-        self.rec.span("WRITE", len(rows), end, version=version, step=step)
+        if self.task.kind == "reward" and self.task.outputs:
+            self._rewards.append((list(rows), list(cols[self.task.outputs[0]])))
+        self.rec.span("WRITE", len(rows), it["end"], version=version, step=it.get("step"))
+        return True
 
-    # ------------------------------------------------------------------ train
-    def _train(self) -> None:
-        """Train step n consumes exactly the rows of step n (whole, by row index), checks
-        their staleness (gate rule 4), trains, acks, publishes version n + 1."""
-        sps, steps = self.st.samples_per_step, self.st.steps
-        alpha = max((s.max_staleness for s in self.plan.sync if s.src == self.task.name), default=0)
-        gate = Gate(int(alpha), sps, steps)
-        model = next((m.name for m in self.plan.models if m.updated_by == self.task.name),
-                     self.task.model)
-        publishes = any(s.src == self.task.name for s in self.plan.sync)
-        # the reward column rides along (for the step's reward_mean): the field a reward task
-        # writes as its reward, else a multi-turn rollout's episode return (bind pass roles)
-        reward = next((f for t in sorted(self.plan.tasks, key=lambda t: t.kind != "reward")
-                       for f, r in t.bind_out if r == "reward"), None)
-        extra = [reward] if reward and reward not in self.task.inputs else []
-        fields = list(self.task.inputs) + extra if extra else None
-        step = int(self.opt.get("start_step", 0))
-        timeout = float(self.opt.get("train_read_timeout_s", 0.05))
-        if step and publishes and model:  # resumed: rollouts start from the checkpoint's weights
-            publish(self.engine, model, step, self.use_ray, self.control.publish)
-        ckpt_every, run_dir = self.opt.get("checkpoint_every"), self.opt.get("run_dir")
-        while step < steps:
-            if self._sync():
-                return
-            lo, hi = gate.rows_of(step).start, gate.rows_of(step).stop
-            alive = sps - self.control.dropped_rows(lo, hi)
-            t = time.time()
-            lease = None
-            if alive > 0:
-                lease = self.store.get(self.task.name, sps, min_rows=alive, max_row=hi,
-                                       timeout=timeout, lease_s=3600.0, fields=fields)
-                if lease is None:
-                    continue
-                self._check()
-                versions = lease.columns.get("_version") or [None] * len(lease.rows)
-                bad = [r for r, v in zip(lease.rows, versions) if not gate.accepts(step, v)]
-                if bad:  # rule 4: drop, count, read the step again without them
-                    self.store.drop(bad, "staleness")
-                    self.control.note_drops(bad, "staleness")
-                    self.store.release(lease.id)
-                    continue
-                self.rec.span("READ", len(lease.rows), t, version=step, step=step)
-            rows = list(lease.rows) if lease else []
-            versions = (lease.columns.get("_version") or [None] * len(rows)) if lease else []
-            staleness = [gate.staleness(step, v) for v in versions]
-            batch = dict(lease.columns) if lease else {}
-            rewards = list(batch.get(reward) or []) if reward else []
-            batch = self._to_roles(batch)
-            t = self.rec.compute_begin()
-            metrics = self.engine.train_step(batch) if rows else {}
-            end = self.rec.compute_end()
-            self._check()
-            self.rec.span("COMPUTE", len(rows), t, end, step, step)
-            # publish before anything else: the gated rollout waits for exactly this version
-            exposed = 0.0
-            every = max((int(getattr(s, "publish_every", 1) or 1) for s in self.plan.sync
-                         if s.src == self.task.name), default=1)
-            if publishes and model and ((step + 1) % every == 0 or step + 1 == steps):
-                tp = time.time()
-                exposed = publish(self.engine, model, step + 1, self.use_ray, self.control.publish)
-                self.rec.span("PUBLISH", 0, tp, version=step + 1, step=step)
-            if lease:
-                self.store.ack(lease.id)
-            self._stats["rows"] += len(rows)
-            ckpt = None
-            if run_dir and ckpt_every:
-                from asyncflow.runtime import checkpoint
+    def _publish(self, op: Op, it: dict) -> bool:
+        """Publish version n + 1 after train step n (every ``publish_every`` steps and the
+        last), before anything else: the gated rollout waits for exactly this version."""
+        step = it["step"]
+        if (step + 1) % self.publish_every == 0 or step + 1 == self.st.steps:
+            tp = time.time()
+            it["publish_s"] = it.get("publish_s", 0.0) + publish(
+                self.engine, op.model, step + 1, self.use_ray, self.control.publish)
+            self.rec.span("PUBLISH", 0, tp, version=step + 1, step=step)
+        return True
 
-                if checkpoint.wanted(ckpt_every, step + 1, steps):  # before step + 1 starts
-                    ckpt = checkpoint.save_engine(self.engine, run_dir, step + 1, self.id)
-            self.control.report_step(self.task.name, {"checkpoint": ckpt,
-                "step": step, "version": step + 1, "end": time.time(), "rows": rows,
-                "staleness": staleness, "rewards": rewards, "metrics": _plain_metrics(metrics),
-                "publish_s": exposed, "compute_s": end - t})
-            step += 1
-        self._sync(force=True)
+    def _end_step(self, it: dict) -> None:
+        """A train step is done: ack its rows, checkpoint, report."""
+        step, rows = it["step"], it.get("rows", [])
+        for lease in it.get("leases", []):
+            self.store.ack(lease.id)
+        self._stats["rows"] += len(rows)
+        cols = it.get("cols") or {}
+        versions = cols.get("_version") or [None] * len(rows)
+        ckpt = None
+        run_dir, every = self.opt.get("run_dir"), self.opt.get("checkpoint_every")
+        if run_dir and every:
+            from asyncflow.runtime import checkpoint
+
+            if checkpoint.wanted(every, step + 1, self.st.steps):  # before step + 1 starts
+                ckpt = checkpoint.save_engine(self.engine, run_dir, step + 1, self.id)
+        self.control.report_step(self.task.name, {
+            "checkpoint": ckpt, "step": step, "version": step + 1, "end": time.time(),
+            "rows": rows, "staleness": [self.accept.staleness(step, v) for v in versions],
+            "rewards": list(cols.get(self.reward) or []) if self.reward else [],
+            "metrics": _plain_metrics(it.get("metrics")), "publish_s": it.get("publish_s", 0.0),
+            "compute_s": it.get("compute_s", 0.0)})
 
 
 class _AtLeast:

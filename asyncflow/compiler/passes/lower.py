@@ -9,12 +9,20 @@ WRITE lowering). Two separate functions build it:
   until the next step's weights exist.
 - :func:`overlap_rewrite` -- rewrites a naive list using the overlap and staleness annotations:
 
-  1. every READ takes the task's ``read_rows`` (its input granularity, overlap rule 9) instead of
-     the whole step, ``repeat`` times per step (0: as many as it takes: sample streaming);
-  2. COMPUTE and WRITE follow the READ's granularity (outputs stream as soon as they exist);
-  3. a WAIT on a sync edge with ``max_staleness`` a > 0 gets ``max_lag = a``: it blocks only when
-     the worker is a versions ahead of the trainer (deferred sync); the ADOPT stays before the
-     READ, so new weights are taken up between requests, never in the middle of one;
+  1. every READ says how the worker leases (:func:`read_fields`, from its input granularity,
+     overlap rules 1-9): ``sample`` -- whatever is ready, up to the task's batch (``args.slots``
+     of a rollout, else ``args.batch_size``, else a whole step: an engine costs nearly the same
+     on 64 rows as on 256); ``group`` -- the same in whole groups; a train task -- fixed-size
+     reads of ``read_rows`` (its micro-batch, a whole number of groups) repeated until the step's
+     rows are leased, in step order (``step`` when rule 1 makes it a barrier); ``step`` -- one
+     whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
+     per lease; a train READ holds its lease for the whole step (``lease_s``);
+  2. COMPUTE and WRITE follow the READ (outputs stream as soon as they exist), except a train
+     COMPUTE: one ``train_step`` per step on the whole step in row order;
+  3. a WAIT on a sync edge with ``max_staleness`` a > 0 gets ``max_lag = a`` (the smallest of the
+     task's sync edges, as the gate): it blocks only when the worker is a versions ahead of the
+     trainer (deferred sync); the ADOPT stays before the READ, so new weights are taken up
+     between requests, never in the middle of one;
   4. a PUBLISH never waits for its consumers (the trainer goes on to the next step);
   5. staleness-0 edges keep their blocking WAIT (``max_lag = 0``): the synchronous plan.
 
@@ -27,11 +35,15 @@ import math
 
 from asyncflow import kinds
 from asyncflow.compiler.passes import topo_order, train_tasks_of
+from asyncflow.compiler.passes.overlap import RANK
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph, SourceNode
 from asyncflow.plan import (Bundle, ChannelPlan, ModelPlan, Op, Plan, PoolPlan, SourcePlan,
                             StepPlan, SyncPlan, TaskPlan, WorkerPlan)
 
+
+SERVE_CHUNK = 16  # rows one pull of a continuous-batching rollout leases (at least a group)
+TRAIN_LEASE_S = 3600.0  # a trainer holds its leases until the whole step is trained
 
 
 def plain(v):
@@ -58,7 +70,8 @@ def naive_ops(graph: Graph, task: str, ins, outs, sync_in, sync_out) -> list[Op]
         ops.append(Op("WAIT", task, model=model, max_lag=0, note="wait for this step's version"))
         ops.append(Op("ADOPT", task, model=model, note="take the new weights"))
     for e in ins:
-        ops.append(Op("READ", task, channel_id(e.src, e.dst), list(e.fields), rows=share))
+        ops.append(Op("READ", task, channel_id(e.src, e.dst), list(e.fields), rows=share,
+                      granularity="step", unit=share, min_rows=share))
     what = d.estimator or d.loss or d.fn or d.engine or ""
     runner = kinds.KINDS[d.kind].runner.rpartition(".")[2]
     ops.append(Op("COMPUTE", task, rows=share, note=f"{runner} {what}".strip()))
@@ -71,16 +84,46 @@ def naive_ops(graph: Graph, task: str, ins, outs, sync_in, sync_out) -> list[Op]
     return ops
 
 
-def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str, int]) -> list[Op]:
-    """Rules 1-5 of the module docstring, applied to a naive op list (a new list)."""
+def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
+    """Rule 1: the READ fields of ``task`` given its input edges' (granularity, unit rows)."""
+    st = graph.pipeline.step
+    sps, spp = st.samples_per_step, st.samples_per_prompt
+    d = graph.node(task).defn
+    k = kinds.KINDS[d.kind]
+    gran, unit = max(grans or [("sample", 1)], key=lambda x: RANK[x[0]])
+    if k.loop == "train":  # in order, fixed size: micro-batches (or the step barrier)
+        rows = min(sps, graph.meta(task).get("read_rows", 0) or sps)
+        gran = "step" if gran == "step" or rows >= sps else "micro_batch"
+        return {"granularity": gran, "rows": rows, "unit": rows, "min_rows": rows,
+                "repeat": math.ceil(sps / rows), "lease_s": TRAIN_LEASE_S}
+    if gran in ("step", "micro_batch"):
+        return {"granularity": "step", "rows": sps, "unit": sps, "min_rows": sps, "repeat": 1}
+    args = d.args or {}
+    batch = int(args.get("batch_size", 0) or 0) or sps
+    if d.kind == "rollout":
+        batch = int(args.get("slots", 0) or 0) or batch
+    out = {"granularity": gran, "rows": batch, "unit": 1, "min_rows": 1, "repeat": 0}
+    if gran == "group" and spp > 1:
+        out.update(rows=max(spp, batch // spp * spp), unit=spp, min_rows=spp)
+    if k.loop == "serve":
+        out["chunk"] = max(SERVE_CHUNK, spp)
+    return out
+
+
+def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str, int],
+                    grans: list[tuple[str, int]]) -> list[Op]:
+    """Rules 1-5 of the module docstring, applied to a naive op list (a new list).
+    ``sync_alpha``: model -> the smallest ``max_staleness`` of ``task``'s sync edges."""
     sps = graph.pipeline.step.samples_per_step
-    rows = graph.meta(task).get("read_rows", 0)
-    repeat = sps // rows if rows else 0
+    read = read_fields(graph, task, grans)
+    train = kinds.KINDS[graph.node(task).defn.kind].loop == "train"
     out = []
     for op in ops:
         op = Op(**{**op.__dict__, "fields": list(op.fields)})
-        if op.kind in ("READ", "COMPUTE", "WRITE"):  # rules 1, 2
-            op.rows, op.repeat = rows, repeat
+        if op.kind == "READ":  # rule 1
+            op.__dict__.update(read)
+        elif op.kind in ("COMPUTE", "WRITE"):  # rule 2
+            op.rows, op.repeat = (sps, 1) if train else (read["rows"], read["repeat"])
         elif op.kind == "WAIT":
             a = sync_alpha.get(op.model or "", 0)
             op.max_lag = a  # rules 3, 5
@@ -126,15 +169,18 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
     ins: dict[str, list] = {}
     outs: dict[str, list] = {}
     channels = []
+    grans: dict[str, list[tuple[str, int]]] = {}  # task -> its input edges' (granularity, unit)
     for e, m in sorted(g.data_edges(), key=lambda x: (pos[x[0].dst], pos[x[0].src])):
         ins.setdefault(e.dst, []).append(e)
         outs.setdefault(e.src, []).append(e)
+        grans.setdefault(e.dst, []).append((m.get("granularity", "step"), m.get("unit_rows", 1)))
         channels.append(ChannelPlan(channel_id(e.src, e.dst), e.src, e.dst, list(e.fields),
                                     m.get("granularity", "step"), m.get("staleness", 0),
                                     m.get("capacity", st.samples_per_step), m.get("unit_rows", 1)))
     sync_in: dict[str, list] = {}
     sync_out: dict[str, list[str]] = {}
     sync_alpha: dict[str, int] = {}  # model -> max_staleness of its sync edges
+    wait_alpha: dict[str, dict[str, int]] = {}  # task -> model -> its smallest max_staleness
     syncs = []
     for e, m in g.sync_edges():
         model = m.get("model") or g.node(e.dst).defn.model or ""
@@ -142,6 +188,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         if model not in sync_out.setdefault(e.src, []):
             sync_out[e.src].append(model)
         sync_alpha[model] = max(sync_alpha.get(model, 0), e.max_staleness)
+        w = wait_alpha.setdefault(e.dst, {})
+        w[model] = min(w.get(model, e.max_staleness), e.max_staleness)
         syncs.append(SyncPlan(e.src, e.dst, model, e.max_staleness,
                               "deferred" if e.max_staleness > 0 else "blocking"))
 
@@ -159,7 +207,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
             plain(m.get("bind_in", [])), plain(m.get("bind_out", [])), _loc(d)))
         ops = naive_ops(g, n, ins.get(n, []), outs.get(n, []), sync_in.get(n, []), sync_out.get(n, []))
         if not naive:
-            ops = overlap_rewrite(g, n, ops, sync_alpha)
+            ops = overlap_rewrite(g, n, ops, {**sync_alpha, **wait_alpha.get(n, {})},
+                                  grans.get(n, []))
         for w in m.get("workers", [{"id": f"{n}/0", "replica": 0, "bundles": [], "resources": {}}]):
             workers.append(WorkerPlan(w["id"], n, w["replica"], d.pool, list(w["bundles"]),
                                       plain(w["resources"]),

@@ -18,9 +18,12 @@ only if n - v <= a). Formulas (node meta / edge meta keys in brackets):
    furthest consumer.
 5. an edge's capacity [capacity], in rows (one row per sample: a prompt is replicated
    ``samples_per_prompt`` times as it enters the store):
-   ``clamp((run_ahead(src) + 1) * samples_per_step, samples_per_step, min(steps * samples_per_step,
-   MAX_CAPACITY_ROWS))`` -- the producer's current step plus every step it may run ahead, never
-   more than the whole run or MAX_CAPACITY_ROWS.
+   ``clamp((run_ahead(src) + 2) * samples_per_step, samples_per_step, min(steps * samples_per_step,
+   MAX_CAPACITY_ROWS))`` -- the step its consumer is on, every step the producer may run ahead,
+   and the next one in flight (so the rows a gated producer may start the moment a new version is
+   published are already there), never more than the whole run or MAX_CAPACITY_ROWS. The driver
+   feeds the data sources' channels up to their capacity (rows of steps below
+   ``trained + capacity / samples_per_step``); the gate holds every later channel within it.
 
 Each sync edge gets meta ``model`` (the model whose weights it carries).
 """
@@ -36,7 +39,7 @@ MAX_CAPACITY_ROWS = 1 << 20
 def capacity(run_ahead: int, samples_per_step: int, steps: int) -> int:
     """Rule 5: a channel's capacity in rows."""
     hi = max(samples_per_step, min(steps * samples_per_step, MAX_CAPACITY_ROWS))
-    return max(samples_per_step, min((run_ahead + 1) * samples_per_step, hi))
+    return max(samples_per_step, min((run_ahead + 2) * samples_per_step, hi))
 
 
 def staleness(graph: Graph, ctx: Context | None = None) -> Graph:

@@ -1,0 +1,126 @@
+"""Every run's trace.json against its plan.json: the compiled plan is the program.
+
+Each shipped pipeline that can run here is run briefly (``--steps 3``; sim latencies shrunk) on
+the local backend, and a representative subset on Ray, and its trace is held against the plan's
+op lists:
+
+- every span's op kind is in its worker's op list (``START``, the engine build, is not an op);
+- the workers with spans are exactly the plan's workers;
+- a READ takes at most the op's ``rows`` (a serve loop's pull: at most ``chunk``), at least its
+  ``min_rows`` (but a step's drops), and whole groups where the op says ``group``;
+- a trainer READs micro-batches of the plan's size, within one step, and a step's READs add up
+  to the rows it trained (``samples_per_step`` minus whole dropped groups);
+- PUBLISH / ADOPT only on workers whose op list has them; one trainer COMPUTE per step.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from asyncflow import kinds
+from asyncflow.engines.base import load_engine_class
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3
+RAY_SUBSET = ("grpo_digits.yaml", "sim_longtail.yaml", "dapo.yaml", "ppo_gae.yaml",
+              "agentic_multiturn.yaml")
+SHRINK = {  # tiny latencies for the sim pipelines
+    "sim_longtail": ["--set", "tasks.generate.args.latency.median=0.002",
+                     "--set", "tasks.generate.args.latency.max=0.02",
+                     "--set", "tasks.update.args.seconds_per_sample=0.0001"],
+}
+
+
+def _runnable(path: str) -> bool:
+    name = os.path.basename(path)
+    for extra, module in (("_vllm", "vllm"), ("_deepspeed", "deepspeed")):
+        if extra in name and importlib.util.find_spec(module) is None:
+            return False
+    return True
+
+
+PIPELINES = sorted(p for p in glob.glob(os.path.join(HERE, "pipelines", "*.yaml")) if _runnable(p))
+CASES = [pytest.param(p, "local", id=f"{os.path.basename(p)}-local") for p in PIPELINES] + [
+    pytest.param(p, "ray", id=f"{os.path.basename(p)}-ray")
+    for p in PIPELINES if os.path.basename(p) in RAY_SUBSET]
+
+
+def run(path: str, backend: str, out: str) -> None:
+    stem = os.path.splitext(os.path.basename(path))[0]
+    cmd = [sys.executable, "-m", "asyncflow.cli", "run", path, "--backend", backend, "--out", out,
+           "--quiet", "--steps", str(STEPS), *SHRINK.get(stem, [])]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def check(out: str) -> None:
+    with open(os.path.join(out, "plan.json")) as f:
+        plan = json.load(f)
+    with open(os.path.join(out, "trace.json")) as f:
+        spans = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X" and e["name"] != "START"]
+    ops = {w["id"]: w["ops"] for w in plan["workers"]}
+    task_of = {w["id"]: w["task"] for w in plan["workers"]}
+    kind_of = {t["name"]: t["kind"] for t in plan["tasks"]}
+    engines = {t["name"]: t["engine"] for t in plan["tasks"]}
+    st = plan["step"]
+    by_worker = defaultdict(list)
+    for e in spans:
+        by_worker[e["tid"].split("#")[0]].append(e)
+    assert set(by_worker) == set(ops), (sorted(by_worker), sorted(ops))  # the plan's workers
+    for wid, es in by_worker.items():
+        kinds_here = {o["kind"] for o in ops[wid]}
+        for e in es:
+            assert e["name"] in kinds_here, (wid, e["name"], sorted(kinds_here))
+        read = next(o for o in ops[wid] if o["kind"] == "READ")
+        loop = kinds.KINDS[kind_of[task_of[wid]]].loop
+        reads = [e for e in es if e["name"] == "READ"]
+        engine = engines[task_of[wid]]
+        serves = loop == "serve" and engine and hasattr(load_engine_class(engine), "serve")
+        most = read["chunk"] if serves else read["rows"]
+        for e in reads:
+            n = e["args"]["rows"]
+            assert 1 <= n <= most, (wid, n, read)
+            if read["granularity"] == "group":
+                assert n % read["unit"] == 0, (wid, n, read["unit"])
+        if loop != "train":
+            continue
+        # a trainer: micro-batches of the plan's size inside one step; one COMPUTE per step
+        assert read["granularity"] in ("micro_batch", "step")
+        per_step = defaultdict(list)
+        for e in sorted(reads, key=lambda e: e["ts"]):
+            per_step[e["args"]["step"]].append(e["args"]["rows"])
+        computes = [e for e in es if e["name"] == "COMPUTE"]
+        assert len(computes) == st["steps"], (wid, len(computes))
+        trained = {}
+        with open(os.path.join(out, "train_rows.jsonl")) as f:
+            for line in f:
+                r = json.loads(line)
+                if r["task"] == task_of[wid]:
+                    trained[r["step"]] = len(r["rows"])
+        for s in range(st["steps"]):
+            sizes = per_step.get(s, [])
+            assert sum(sizes) == trained[s], (wid, s, sizes, trained[s])
+            assert sum(1 for n in sizes if n != read["rows"]) <= 1, (wid, s, sizes, read["rows"])
+            gone = st["samples_per_step"] - sum(sizes)  # rows dropped: whole groups only
+            assert gone >= 0 and gone % st["samples_per_prompt"] == 0, (wid, s, sizes)
+        if read["granularity"] == "micro_batch":
+            assert len(per_step[0]) == -(-trained[0] // read["rows"])
+    for wid, es in by_worker.items():  # explicit: PUBLISH / ADOPT only where the plan has them
+        names = {e["name"] for e in es}
+        have = {o["kind"] for o in ops[wid]}
+        assert "PUBLISH" not in names or "PUBLISH" in have
+        assert "ADOPT" not in names or "ADOPT" in have
+
+
+@pytest.mark.parametrize("path,backend", CASES)
+def test_trace_matches_plan(path, backend, tmp_path):
+    out = str(tmp_path / "run")
+    run(path, backend, out)
+    check(out)
