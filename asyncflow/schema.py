@@ -52,7 +52,11 @@ KEY_DOCS: dict[str, dict[str, str]] = {
         "source": 'Where the rows come from: a "module:function" reference, or a .jsonl, .json '
                   "or .parquet file.",
         "args": "Keyword arguments of the source function.",
-        "fields": "The fields of a row, as tasks name them (each has the role 'data').",
+        "fields": "The fields of a row, as tasks name them (each has the role 'data'); they "
+                  "are the row's keys in the source.",
+        "epochs": "How many passes over the rows the run may make. Without it, a source with "
+                  "fewer prompts than steps x prompts_per_step is read again from the start and "
+                  "the run warns; with it, too few passes is an error (AF606).",
     },
     "pool": {
         "devices": "How many devices the pool has: GPUs, or CPU slots where there is no GPU.",

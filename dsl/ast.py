@@ -53,6 +53,7 @@ class DataDef:
     source: str
     args: dict = field(default_factory=dict)
     fields: tuple[str, ...] = ()
+    epochs: int | None = None  # passes over the rows the run may make (None: as many as needed)
     loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()
 

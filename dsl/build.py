@@ -40,6 +40,7 @@ MODEL = {
 DATA = {
     "source": Key("str", required=True), "args": Key("map", default={}),
     "fields": Key("names", required=True),
+    "epochs": Key("int", min=1),  # passes over the data the run may make (default: as needed, warned)
 }
 POOL = {"devices": Key("int", required=True, min=1), "resources": Key("map", default={})}
 STEP = {

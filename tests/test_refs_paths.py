@@ -106,7 +106,7 @@ def test_check_accepts_modules_beside_the_pipeline(tmp_path):
 
 def test_load_prompts_imports_the_factory_beside_the_pipeline(tmp_path, monkeypatch):
     from asyncflow.compiler.pipeline import compile_file
-    from asyncflow.runtime.driver import load_prompts
+    from asyncflow.runtime.data import load_prompts
 
     p, elsewhere = _project(tmp_path)
     monkeypatch.chdir(elsewhere)

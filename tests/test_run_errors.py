@@ -7,7 +7,7 @@ import pytest
 
 from asyncflow.compiler.pipeline import compile_file
 from asyncflow.errors import UserError
-from asyncflow.runtime.driver import load_prompts
+from asyncflow.runtime.data import load_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,17 +29,59 @@ def test_jsonl_beside_the_pipeline_is_read(tmp_path):
     assert rows == [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
 
 
-@pytest.mark.parametrize("data,code,line", [
-    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n', "AF601", 2),
-    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n', "AF603", 1),
-    ("\n", "AF602", 1),
+def _line_of(p, needle):
+    return next(i for i, x in enumerate(p.read_text().splitlines(), 1) if needle in x)
+
+
+@pytest.mark.parametrize("data,code,where", [
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n', "AF601", ("rows.jsonl", 2)),
+    # a missing or null field: at that field in the pipeline's `fields:` list
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n', "AF603", ("p.yaml", "fields:")),
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": null}\n', "AF605",
+     ("p.yaml", "fields:")),
+    ("\n", "AF602", ("p.yaml", "source:")),
 ])
-def test_bad_data_is_a_located_user_error(tmp_path, data, code, line):
+def test_bad_data_is_a_located_user_error(tmp_path, data, code, where):
     p = _pipeline(tmp_path, data)
     with pytest.raises(UserError) as ei:
         load_prompts(compile_file(str(p)))
     (d,) = ei.value.diagnostics
-    assert d.code == code and d.loc.line == line
+    file, line = where
+    assert d.code == code and d.loc.file.endswith(file)
+    assert d.loc.line == (line if isinstance(line, int) else _line_of(p, line))
+    if code in ("AF603", "AF605"):  # the caret is under the field itself
+        text = p.read_text().splitlines()[d.loc.line - 1]
+        assert text[d.loc.col - 1:].startswith("answer")
+
+
+def test_a_factory_that_raises_is_located_at_the_source(tmp_path):
+    (tmp_path / "badfactory.py").write_text("def rows(n=1, seed=0):\n    return 1 / 0\n")
+    text = (ROOT / "pipelines/sim_longtail.yaml").read_text()
+    p = tmp_path / "p.yaml"
+    p.write_text(text.replace("asyncflow.datasets:digits", "badfactory:rows"))
+    with pytest.raises(UserError) as ei:
+        load_prompts(compile_file(str(p)))
+    (d,) = ei.value.diagnostics
+    assert d.code == "AF601" and "ZeroDivisionError" in d.message
+    assert d.loc.line == _line_of(p, "source:")
+
+
+def test_fewer_prompts_than_the_run_needs_warns_or_is_an_error_with_epochs(tmp_path):
+    rows = "".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(5))
+    p = _pipeline(tmp_path, rows)  # sim_longtail: 20 steps x 32 prompts = 640 needed, 5 given
+    warned = []
+    load_prompts(compile_file(str(p)), warn=warned.append)
+    assert len(warned) == 1 and "reads them 128 times" in warned[0] and "epochs: 128" in warned[0]
+    text = p.read_text().replace("fields: [prompt, answer]", "fields: [prompt, answer]\n    epochs: 128")
+    p.write_text(text)
+    warned.clear()
+    load_prompts(compile_file(str(p)), warn=warned.append)
+    assert warned == []  # said so: no warning
+    p.write_text(text.replace("epochs: 128", "epochs: 3"))
+    with pytest.raises(UserError) as ei:
+        load_prompts(compile_file(str(p)), warn=warned.append)
+    (d,) = ei.value.diagnostics
+    assert d.code == "AF606" and d.loc.line == _line_of(p, "epochs: 3")
 
 
 def test_cli_exits_2_with_the_data_file_line(tmp_path):

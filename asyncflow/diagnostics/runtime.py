@@ -6,6 +6,10 @@ CODES = [
     Code("AF601", "data-unreadable", "data source '{name}' ({source}) cannot be read: {reason}"),
     Code("AF602", "data-empty", "data source '{name}' ({source}) gave no rows"),
     Code("AF603", "data-fields", "data source '{name}' ({source}): row {row} has no field '{field}'"),
+    Code("AF605", "data-null", "data source '{name}' ({source}): field '{field}' is null in row {row}"),
+    Code("AF606", "data-too-few",
+         "data source '{name}' ({source}) has {rows:,} prompts; epochs {epochs} give "
+         "{steps} steps x {pps} prompts = {need:,} only with epochs >= {passes}"),
     Code("AF604", "cluster-lacks-resources",
          "pool '{pool}' needs {need:g} {resource} in one bundle but no node of the Ray cluster has "
          "that much (the largest has {have:g}; the cluster: {cluster})"),

@@ -60,6 +60,8 @@ class SourcePlan:
     source: str
     args: dict = field(default_factory=dict)
     fields: list[str] = field(default_factory=list)
+    epochs: int | None = None  # passes over the rows the run may make (None: as needed)
+    locs: dict = field(default_factory=dict)  # "source", "fields.i", "epochs" -> "file:line:col"
 
 
 @dataclass

@@ -160,7 +160,9 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         init, args = resolved(name)
         models.append(ModelPlan(name, init, plain(args), m.frozen, m.copy_of,
                                 None if m.frozen else trained.get(name)))
-    data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields)) for d in p.data.values()]
+    data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields), d.epochs,
+                       {"": _loc(d), **{k: str(v) for k, v in d.locs.items() if v.line}})
+            for d in p.data.values()]
     pools = [PoolPlan(name, v["devices"], placement["device_kind"],
                       [Bundle(i, plain(b)) for i, b in enumerate(v["bundles"])], list(v["tasks"]),
                       _loc(p.pools[name]) if name in p.pools else "")
