@@ -120,7 +120,7 @@ def _check_epochs(plan: Plan, src, n: int, warn, fail) -> None:
                           f"reads them {passes} times (say `epochs: {passes}` to silence this)")
     elif src.epochs * n < need:
         raise fail("AF606", _loc((src.locs or {}).get("epochs")), rows=n, epochs=src.epochs,
-                   need=need, steps=plan.step.steps, pps=plan.step.prompts_per_step,
+                   have=src.epochs * n, need=need, steps=plan.step.steps, pps=plan.step.prompts_per_step,
                    passes=passes)
 
 
