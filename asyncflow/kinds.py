@@ -264,10 +264,3 @@ def granularity(kind: str, estimator: str | None = None) -> str:
 
 def describe_type(t: str) -> str:
     return TYPES.get(t, t)
-
-
-def fits(have: str, want: str) -> bool:
-    """Whether a column of type ``have`` fits a slot of type ``want``."""
-    if have == want or "any" in (have, want) or have == "data":
-        return True
-    return want == "adv" and have in ("float", "token_floats")

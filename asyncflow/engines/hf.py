@@ -379,10 +379,6 @@ class HFEngine:
 _SUMMED = {"loss", "pg_loss", "value_loss", "tokens"}
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1))
-
-
 def _loss(name: str, first, second, third, mask, cfg, **kw):
     """``asyncflow.algos.compute_loss``: (new_logprobs, old_logprobs, advantages) for a policy
     loss, (values, old_values, returns) for ``value``; returns (scalar loss, metrics)."""

@@ -91,12 +91,6 @@ def loss_masks(responses) -> list | None:
     return masks if any(m is not None for m in masks) else None
 
 
-def response_logits(logits: torch.Tensor, packed: Packed) -> torch.Tensor:
-    """[B, R, V]: the logits that predict each response token."""
-    p, r = packed.prompt_len, packed.response_mask.shape[1]
-    return logits[:, p - 1:p - 1 + r]
-
-
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
                    temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / T)[target], per position. ``T <= 0`` (greedy) scores at T = 1."""
