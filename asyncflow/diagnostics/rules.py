@@ -93,6 +93,13 @@ CODES = [
     Code("AF324", "engine-kind", "engine '{engine}' cannot run a {kind} task (it runs {kinds})",
          (mutate("    engine: hf\n    model: policy\n    pool: train\n    loss",
                  "    engine: vllm\n    model: policy\n    pool: train\n    loss", at="vllm"),)),
+    Code("AF327", "train-replicas",
+         "train task '{task}' has replicas {replicas}, but engine '{engine}' trains one copy of "
+         "the model: the replicas would not split a step's rows (only engine deepspeed trains "
+         "data-parallel)",
+         (mutate("    loss: grpo\n    inputs: [prompt, response, logprobs, ref_logprobs, advantages]",
+                 "    loss: grpo\n    replicas: 2\n    inputs: [prompt, response, logprobs, ref_logprobs, advantages]",
+                 at="2\n    inputs: [prompt, response, logprobs, ref"),)),
     Code("AF325", "missing-for-kind", "task '{task}' of kind {kind} needs '{key}'{why}",
          (mutate("    engine: hf\n    model: reference\n", "    model: reference\n", at="ref:"),
           mutate("    fn: asyncflow.rewards:digits_match\n", "", at="score:"))),
@@ -193,5 +200,10 @@ CODES = [
          "task '{task}' lists {n} outputs, but a {kind} task writes at most {most} ({roles})",
          (mutate("    outputs: [response, logprobs]\n", "    outputs: [response, logprobs, extra]\n    keep: [extra]\n",
                  at="extra]\n    keep"),)),
+    Code("AF376", "reserved-field",
+         "field '{field}': names that start with '_' are the sample store's own columns "
+         "(_row, _group, _version)",
+         (_edit(("    outputs: [reward]", "    outputs: [_version]"),
+                ("    inputs: [reward]", "    inputs: [_version]"), at="_version]\n  ref"),)),
 ]
 

@@ -3,6 +3,8 @@
 A field's name is the user's label (docs/language.md, "Field names are the user's"). The meaning
 comes from :mod:`asyncflow.kinds`. The rules (the tests cite them by number):
 
+0. A name may be anything but one that starts with ``_``: those are the sample store's own
+   columns (``_row``, ``_group``, ``_version``), AF376.
 1. A data source's fields have role ``data``. A task's outputs take, by position, the roles of
    its signature's outputs (a rollout: response, logprobs, and with ``env`` the episode's
    reward; a logprob task: ``ref_logprobs``, or ``prox_logprobs`` when its model is trained;
@@ -66,8 +68,9 @@ def bind(graph: Graph, ctx: Context) -> Graph:
     paths = search_path(p.path or ctx.source_file or None)
     fields: dict[str, dict] = {}
     for src in p.data.values():  # rule 1
-        for f in src.fields:
+        for i, f in enumerate(src.fields):
             fields[f] = {"role": "data", "type": "data", "producer": src.name}
+            _reserved(f, _at(src, f"fields.{i}"), ctx)
     for t in g.tasks():
         d = t.defn
         outs, extra = output_roles(d, d.model in trained)
@@ -78,8 +81,9 @@ def bind(graph: Graph, ctx: Context) -> Graph:
                     if d.kind == "rollout" and not d.env else None)
             ctx.diags.add("AF375", _at(d, f"outputs.{i}"), hint, task=d.name, n=len(d.outputs),
                           kind=_kind_name(d), most=len(sig.outputs) if sig else 0, roles=roles)
-        for f, role in outs:
+        for i, (f, role) in enumerate(outs):
             fields[f] = {"role": role, "type": kinds.ROLES[role].type, "producer": d.name}
+            _reserved(f, _at(d, f"outputs.{i}"), ctx)
         g.meta(d.name)["bind_out"] = [[f, r] for f, r in outs]
     for t in g.tasks():
         d = t.defn
@@ -93,6 +97,12 @@ def bind(graph: Graph, ctx: Context) -> Graph:
         g.meta(d.name)["bind_in"] = bound
     g.g.graph = dict(g.g.graph, fields=fields)
     return g
+
+
+def _reserved(field: str, loc, ctx: Context) -> None:
+    """Rule 0: names that start with ``_`` are the store's own columns (``_row``, ...)."""
+    if field.startswith("_"):
+        ctx.diags.add("AF376", loc, field=field)
 
 
 def _kind_name(d) -> str:
