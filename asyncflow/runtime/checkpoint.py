@@ -111,7 +111,7 @@ def close(run_dir: str, version: int, *, steps: int, fed: int, prompts_per_step:
     if os.path.exists(final):  # a resumed run passing the same step again
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root(run_dir))
+    _fsync_path(root(run_dir))
     return final
 
 
@@ -270,20 +270,12 @@ def _fsync_tree(path: str) -> None:
     """fsync every file below ``path``, then every directory (before the rename publishes it)."""
     for dirpath, _, files in os.walk(path, topdown=False):
         for name in files:
-            try:
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-        _fsync_dir(dirpath)
+            _fsync_path(os.path.join(dirpath, name))
+        _fsync_path(dirpath)
 
 
-def _fsync_dir(path: str) -> None:
+def _fsync_path(path: str) -> None:
+    """fsync a file or a directory (best effort: some file systems refuse directories)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -294,3 +286,4 @@ def _fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
+
