@@ -61,8 +61,29 @@ def register(app: typer.Typer) -> None:
             store_shards: int = typer.Option(
                 1, "--store-shards", min=1,
                 help="ray: sample-store shard actors (more spread a big step's store work; one is "
-                     "fastest on a small machine)")) -> None:
-        """Compile and run a pipeline; write RUN_DIR/{plan.json,metrics.jsonl,trace.json}."""
+                     "fastest on a small machine)"),
+            max_restarts: int = typer.Option(
+                3, "--max-restarts", min=0,
+                help="restarts of a worker that dies (its process, out of memory) before the run "
+                     "fails (AF631); a train worker restarts from the newest checkpoint"),
+            stall_timeout: float = typer.Option(
+                300.0, "--stall-timeout", min=0.1,
+                help="seconds without a finished step or any worker's progress before the "
+                     "watchdog ends the run (AF630), naming the worker, its op and its stack"),
+            inject: Optional[List[str]] = typer.Option(
+                None, "--inject",
+                help="fault injection, repeatable: KIND@WHEN:TARGET. KIND: kill (the worker's "
+                     "process; or an actor: control, store[/N], Ray only) | hang (stops making "
+                     "progress) | nan (its outputs become NaN) | oom (MemoryError in its compute) "
+                     "| raise | exit (its function raises / calls sys.exit). WHEN: stepN (train "
+                     "step N) | Ns (seconds into the run). TARGET: task, task/REPLICA, control, "
+                     "store/N. E.g. kill@step5:generate/0, hang@20s:score, nan@step3:score")) -> None:
+        """Compile and run a pipeline; write RUN_DIR/{plan.json,metrics.jsonl,trace.json}.
+
+        Faults: a worker that dies is restarted (--max-restarts) and loses no sample; a trainer
+        that dies restarts from the newest checkpoint (--checkpoint-every) in the same command;
+        a run without progress for --stall-timeout s ends with the stuck worker's stack (AF630).
+        """
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
@@ -76,6 +97,15 @@ def register(app: typer.Typer) -> None:
         if device_kind == "auto" and address is None and not _gpu_visible():
             device_kind = "cpu"  # a GPU bundle could never be placed on this machine
         plan = compile_file(file, sets=tuple(set_ or ()), device_kind=device_kind)  # UserError -> exit 2
+        import copy
+
+        from asyncflow.runtime.driver import parse_inject
+
+        checked = plan
+        if steps is not None:  # --inject's steps are checked against the steps that will run
+            checked = copy.deepcopy(plan)
+            checked.step.steps = int(steps)
+        faults = [parse_inject(spec, checked, backend) for spec in (inject or [])]  # AF634: exit 2
         total = steps or plan.step.steps
         run_dir = resume or out_dir or os.path.join("runs", f"{plan.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
         from asyncflow.runtime import rundir
@@ -97,7 +127,8 @@ def register(app: typer.Typer) -> None:
 
         driver = Driver(plan, backend, out_dir=run_dir, steps=steps, address=address,
                         lease_s=lease_s, on_step=on_step, checkpoint_every=checkpoint_every,
-                        resume=resume is not None, shards=store_shards)
+                        resume=resume is not None, shards=store_shards,
+                        max_restarts=max_restarts, stall_timeout=stall_timeout, inject=faults)
         interrupted = False
 
         def on_term(signum, frame):  # `kill`, `timeout`, a scheduler: stop as cleanly as Ctrl-C
@@ -150,6 +181,7 @@ def _summary(out, result, run_dir: str, Table) -> None:
         ("bubble fraction (mean)", _fmt(sum(bub) / len(bub) if bub else None)),
         ("exposed sync (s)", f"{sync:.3f}"),
         ("leases re-issued", str(result.stats.get("leases_reissued", 0))),
+        ("workers restarted", str(sum(1 for e in result.events if e["event"] in ("restart", "trainer_restart")))),
     ]
     for k, v in rows:
         t.add_row(k, v)

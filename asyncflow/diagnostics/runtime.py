@@ -8,8 +8,8 @@ CODES = [
     Code("AF603", "data-fields", "data source '{name}' ({source}): row {row} has no field '{field}'"),
     Code("AF605", "data-null", "data source '{name}' ({source}): field '{field}' is null in row {row}"),
     Code("AF606", "data-too-few",
-         "data source '{name}' ({source}) has {rows:,} prompts; epochs {epochs} give "
-         "{steps} steps x {pps} prompts = {need:,} only with epochs >= {passes}"),
+         "data source '{name}' ({source}) has {rows:,} prompts: epochs {epochs} give "
+         "{have:,}, but {steps} steps x {pps} prompts need {need:,} (epochs >= {passes})"),
     Code("AF604", "cluster-lacks-resources",
          "pool '{pool}' needs {need:g} {resource} in one bundle but no node of the Ray cluster has "
          "that much (the largest has {have:g}; the cluster: {cluster})"),
@@ -26,4 +26,16 @@ CODES = [
          "--out {run_dir} already holds a run ({files}): --resume it, pick another --out, or "
          "--force to replace it"),
     Code("AF623", "run-dir-locked", "{run_dir} is in use by another asyncflow run (pid {pid})"),
+    # run-time faults (asyncflow.runtime.driver: the watchdog, worker deaths, lost actors)
+    Code("AF630", "run-stalled",
+         "the run made no progress for {seconds:g} s (--stall-timeout): worker {worker} (task "
+         "'{task}') has been in {op} for {op_s:.1f} s{more}"),
+    Code("AF631", "worker-died",
+         "worker {worker} (task '{task}') died {times} time(s), more than --max-restarts "
+         "{max_restarts} allows: {cause}"),
+    Code("AF632", "actor-lost", "the run lost its {what}: {cause}"),
+    Code("AF633", "trainer-died",
+         "train worker {worker} (task '{task}') died ({cause}) and the run has no checkpoint to "
+         "restart it from (run with --checkpoint-every K)"),
+    Code("AF634", "bad-inject", "--inject {spec}: {part} {why}"),
 ]

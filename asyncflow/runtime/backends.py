@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from asyncflow.errors import AsyncflowError
 from asyncflow.runtime.weights import WeightBoard
 
 
@@ -35,6 +36,22 @@ class Control:
         self._removed: set[int] = set()  # rows dropped from the store
         self._errors: list[tuple[str, str, str]] = []
         self._seen: dict[str, float] = {}
+        self._beats: dict[str, dict] = {}  # worker -> its last heartbeat (op, since, progress)
+
+    def beat(self, worker: str, info: dict) -> dict:
+        """A worker's liveness heartbeat (from its heartbeat thread, also while it computes)."""
+        with self._lock:
+            self._beats[worker] = {**info, "received": time.time()}
+            return {"stop": self._stop}
+
+    def beats(self) -> dict:
+        with self._lock:
+            return {w: dict(b) for w, b in self._beats.items()}
+
+    def forget(self, worker: str) -> None:
+        """A worker is restarted: its old heartbeat no longer speaks for it."""
+        with self._lock:
+            self._beats.pop(worker, None)
 
     # -- workers -----------------------------------------------------------------------------
     def sync(self, worker: str, spans: list, state: dict, known: dict,
@@ -109,20 +126,42 @@ class Control:
             return out
 
 
-class ActorProxy:
-    """Calls an actor's methods synchronously: ``proxy.m(*a)`` is ``ray.get(h.m.remote(*a))``."""
+#: the longest any call to the control actor may take (plus the call's own wait) before the
+#: control counts as lost: no call of the runtime waits on an actor without a bound
+CALL_TIMEOUT_S = float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120"))
 
-    def __init__(self, handle):
+
+class ControlLost(AsyncflowError):
+    """The control actor died or did not answer within its bound."""
+
+
+class ActorProxy:
+    """Calls an actor's methods synchronously: ``proxy.m(*a)`` is ``ray.get(h.m.remote(*a))``,
+    bounded by ``timeout_s`` (+ a ``wait_s`` argument's wait); a dead or silent actor is
+    :class:`ControlLost`."""
+
+    def __init__(self, handle, timeout_s: float | None = None, what: str = "control actor"):
         self._h = handle
+        self._timeout = CALL_TIMEOUT_S if timeout_s is None else float(timeout_s)
+        self._what = what
 
     def __getattr__(self, name: str):
         import ray
 
         method = getattr(self._h, name)
-        return lambda *a, **k: ray.get(method.remote(*a, **k))
+
+        def call(*a, **k):
+            limit = self._timeout + float(k.get("wait_s") or (a[4] if name == "sync" and len(a) > 4 else 0) or 0)
+            try:
+                return ray.get(method.remote(*a, **k), timeout=limit)
+            except ray.exceptions.GetTimeoutError:
+                raise ControlLost(f"the {self._what} did not answer {name}() within {limit:.0f} s") from None
+            except ray.exceptions.RayActorError as e:
+                raise ControlLost(f"the {self._what} died ({str(e).splitlines()[0][:200]})") from None
+        return call
 
     def __reduce__(self):
-        return (ActorProxy, (self._h,))
+        return (ActorProxy, (self._h, self._timeout, self._what))
 
 
 # ---------------------------------------------------------------------------------------- local
@@ -149,19 +188,39 @@ class LocalBackend:
 
     def start(self, plan_dict: dict, worker_ids: list[str], store, control, t0: float,
               options: dict) -> None:
+        self._args = (plan_dict, store, control, t0)
+        for wid in worker_ids:
+            self._make(wid, options.get("per_worker", {}).get(wid, options))
+        for wid in worker_ids:
+            self.threads[wid].start()
+
+    def _make(self, wid: str, options: dict) -> None:
         from asyncflow.runtime.worker import Worker
 
-        for wid in worker_ids:
-            w = Worker(plan_dict, wid, store, control, t0, options)
-            self.workers[wid] = w
+        plan_dict, store, control, t0 = self._args
+        w = Worker(plan_dict, wid, store, control, t0, options)
+        self.workers[wid] = w
 
-            def body(w=w, wid=wid):
-                self.results[wid] = w.run()
+        def body(w=w, wid=wid):
+            try:
+                res = w.run()
+            except BaseException as e:  # the thread dies of anything: the driver sees it
+                res = {"worker": wid, "status": "died",
+                       "error": f"{e.__class__.__name__}: {e}", "op": w._op}
+            if self.workers.get(wid) is w:
+                self.results[wid] = res
 
-            th = threading.Thread(target=body, name=f"asyncflow:{wid}", daemon=True)
-            self.threads[wid] = th
-        for th in self.threads.values():
-            th.start()
+        self.threads[wid] = threading.Thread(target=body, name=f"asyncflow:{wid}", daemon=True)
+
+    def restart(self, wid: str, options: dict) -> None:
+        """A new worker (thread) for ``wid``, which ended (crashed, died)."""
+        self._make(wid, options)
+        self.results.pop(wid, None)
+        self.threads[wid].start()
+
+    def stack(self, wid: str) -> str:
+        w = self.workers.get(wid)
+        return w.stack() if w is not None else ""
 
     def alive(self, wid: str) -> bool:
         th = self.threads.get(wid)
@@ -173,12 +232,15 @@ class LocalBackend:
     def kill(self, wid: str) -> None:
         self.workers[wid].kill()
 
+    def kill_actor(self, target: str) -> None:
+        raise ValueError(f"{target} is not an actor on the local backend")
+
     def join(self, timeout: float) -> None:
         deadline = time.time() + timeout
         for th in self.threads.values():
             th.join(max(0.0, deadline - time.time()))
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep_ray: bool = False) -> None:
         pass
 
 
@@ -196,7 +258,14 @@ class _WorkerActor:
                              {**options, "ray": True})
 
     def run(self) -> dict:
-        return self.worker.run()
+        try:
+            return self.worker.run()
+        except BaseException as e:  # the loop died of anything but a crash of the process
+            return {"worker": self.worker.id, "status": "died",
+                    "error": f"{e.__class__.__name__}: {e}", "op": self.worker._op}
+
+    def stack(self) -> str:
+        return self.worker.stack()
 
 
 def check_feasible(plan, nodes: list[dict]) -> None:
@@ -285,22 +354,32 @@ def pin(cores: list[int]) -> list[int]:
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None):
-    """Connect to Ray: ``address`` if given, else a running local Ray, else start one."""
+    """Connect to Ray; returns ``(ray, started)``: ``started`` when this call started a Ray of
+    its own (the caller shuts it down).
+
+    ``address`` (``--address``) joins that cluster; else ``RAY_ADDRESS`` from the environment
+    joins that one, announced on stderr; else a new local Ray is started (``address="local"``),
+    never a Ray already running on this machine (a leftover ``ray start``, found through its
+    address file, is joined only with ``--address``). Ray's own token authentication, when it
+    is on, is left as it is. Ray 2.60 cannot bind a local cluster to 127.0.0.1: it rewrites a
+    loopback ``_node_ip_address`` to the machine's address (``resolve_ip_for_localhost``) and its
+    GCS listens on every interface, so none is asked for here."""
     import ray
 
     if ray.is_initialized():
-        return ray
+        return ray, False
     kw: dict = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
+    env = os.environ.get("RAY_ADDRESS")
+    if not address and env:
+        import sys
+
+        print(f"asyncflow: joining the Ray cluster at {env} (RAY_ADDRESS)", file=sys.stderr)
+        address = env
     if address:
         ray.init(address=address, **kw)
-        return ray
-    try:
-        ray.init(num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kw)
-    except ValueError as e:  # a Ray started with `ray start` on this machine: join it as it is
-        if "existing cluster" not in str(e):
-            raise
-        ray.init(**kw)
-    return ray
+        return ray, False
+    ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kw)
+    return ray, True
 
 
 class RayBackend:
@@ -311,7 +390,7 @@ class RayBackend:
 
     def __init__(self, lease_s: float = 60.0, address: str | None = None, shards: int = 1,
                  pin: bool | None = None, **_: Any):
-        self.ray = ensure_ray(address)
+        self.ray, self.owns_ray = ensure_ray(address)
         # pin workers to cores on a local single-node cluster only: on a cluster the core ids
         # of one node say nothing of another's
         self.pin = (address is None and len(self.ray.nodes()) == 1) if pin is None else pin
@@ -323,6 +402,7 @@ class RayBackend:
         self.pgs: dict[str, Any] = {}
         self._store = None
         self._control = None
+        self._make_args: dict[str, tuple] = {}
 
     def make_store(self, plan):
         from asyncflow.runtime.ray_store import RayStore
@@ -335,7 +415,7 @@ class RayBackend:
     def make_control(self):
         handle = self.ray.remote(Control).options(num_cpus=0, max_concurrency=32).remote()
         self._control = handle
-        return handle, ActorProxy(handle)
+        return handle, ActorProxy(handle, timeout_s=CALL_TIMEOUT_S)
 
     def _placement_groups(self, plan) -> None:
         """One placement group per pool, with the pool's bundles; CPU-slot bundles are scaled
@@ -356,7 +436,11 @@ class RayBackend:
             if not bundles:
                 continue
             pg = placement_group(bundles, strategy="PACK", name="")
-            self.ray.get(pg.ready(), timeout=60)
+            try:
+                self.ray.get(pg.ready(), timeout=float(os.environ.get("ASYNCFLOW_PG_TIMEOUT_S", "120")))
+            except self.ray.exceptions.GetTimeoutError:
+                raise ControlLost(f"pool {pool.name!r}: Ray did not place its bundles {bundles} "
+                                  "within the time limit (the cluster lacks the resources)") from None
             self.pgs[pool.name] = pg
 
     def start(self, plan_dict: dict, worker_ids: list[str], store, control, t0: float,
@@ -371,19 +455,51 @@ class RayBackend:
         plan_ref = self.ray.put(plan_dict)
         cores = cpu_cores(plan, int(self.ray.cluster_resources().get("CPU", 0)) if self.pin
                           else 0)
+        per = options.get("per_worker", {})
         for wid in worker_ids:
             wp = next(w for w in plan.workers if w.id == wid)
-            opts: dict = {"num_cpus": 0, "max_concurrency": 1, "name": None}
-            opts.pop("name")
+            # two threads: run() and a bounded stack() call (the watchdog's) beside it
+            opts: dict = {"num_cpus": 0, "max_concurrency": 2}
             pg = self.pgs.get(wp.pool or "")
             if pg is not None:
                 idx = wp.bundles[0] if wp.bundles else -1
                 opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=idx)
-            wopts = {**options, "cpu_affinity": cores.get(wid)} if wid in cores else options
-            actor = cls.options(**opts).remote(plan_ref, wid, store, control, t0, wopts)
-            self.actors[wid] = actor
-            self.refs[wid] = actor.run.remote()
+            self._make_args[wid] = (cls, opts, plan_ref, store, control, t0, cores.get(wid))
+            self._launch(wid, per.get(wid, options))
+
+    def _launch(self, wid: str, options: dict) -> None:
+        cls, opts, plan_ref, store, control, t0, cores = self._make_args[wid]
+        wopts = {**options, "cpu_affinity": cores} if cores else options
+        actor = cls.options(**opts).remote(plan_ref, wid, store, control, t0, wopts)
+        self.actors[wid] = actor
+        self.refs[wid] = actor.run.remote()
+
+    def restart(self, wid: str, options: dict) -> None:
+        """A new actor for ``wid`` (the old one died), on the same bundle."""
+        old = self.actors.get(wid)
+        if old is not None:
+            try:
+                self.ray.kill(old, no_restart=True)
+            except Exception:
+                pass
+        self._launch(wid, options)
+        self.results.pop(wid, None)
+
+    def stack(self, wid: str, timeout: float = 5.0) -> str:
+        """The worker's Python stack, asked of its actor with a bounded call."""
+        try:
+            return self.ray.get(self.actors[wid].stack.remote(), timeout=timeout)
+        except Exception as e:
+            return f"(its stack could not be read: {e.__class__.__name__})"
+
+    def kill_actor(self, target: str) -> None:
+        """``control`` or ``store[/N]`` (a shard): killed (fault injection)."""
+        if target == "control":
+            self.ray.kill(self._control, no_restart=True)
+            return
+        idx = int(target.partition("/")[2] or 0)
+        self.ray.kill(self._store._shards[idx], no_restart=True)
 
     def _poll(self) -> None:
         pending = {ref: wid for wid, ref in self.refs.items() if wid not in self.results}
@@ -393,9 +509,10 @@ class RayBackend:
         for ref in done:
             wid = pending[ref]
             try:
-                self.results[wid] = self.ray.get(ref)
+                self.results[wid] = self.ray.get(ref, timeout=CALL_TIMEOUT_S)
             except Exception as e:  # the actor died (killed, crashed process)
-                self.results[wid] = {"worker": wid, "status": "crashed", "error": str(e)[:200]}
+                self.results[wid] = {"worker": wid, "status": "crashed",
+                                     "error": f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}"}
 
     def alive(self, wid: str) -> bool:
         self._poll()
@@ -416,7 +533,7 @@ class RayBackend:
                 return
             time.sleep(0.02)
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep_ray: bool = False) -> None:
         from ray.util.placement_group import remove_placement_group
 
         for a in self.actors.values():
@@ -437,6 +554,11 @@ class RayBackend:
         for pg in self.pgs.values():
             try:
                 remove_placement_group(pg)
+            except Exception:
+                pass
+        if self.owns_ray and not keep_ray:  # the Ray this run started goes with it (no process left behind)
+            try:
+                self.ray.shutdown()
             except Exception:
                 pass
 

@@ -40,6 +40,7 @@ from asyncflow import refs
 from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan
 from asyncflow.runtime.backends import make_backend, source_loc
+from asyncflow.runtime.store import StoreLost
 from asyncflow.runtime.trace import MetricsLog, mean_std, write_trace
 
 
@@ -57,9 +58,90 @@ DRIVER_POLL_S = {"local": 0.01, "ray": 0.05}
 class RunError(AsyncflowError):
     """A worker failed (its traceback is in ``details``) or the run could not start."""
 
-    def __init__(self, message: str, details: str = ""):
+    def __init__(self, message: str, details: str = "", code: str | None = None):
         super().__init__(message)
         self.details = details
+        self.code = code
+
+
+def fault(code: str, details: str = "", **fields) -> RunError:
+    """A run-time fault (AF63x, :mod:`asyncflow.diagnostics.runtime`) as a :class:`RunError`
+    whose message starts with its code."""
+    from asyncflow.diagnostics import table
+
+    return RunError(f"{code}: {table()[code].message.format(**fields)}", details, code)
+
+
+class _Restart(Exception):
+    """A train worker died and the run has checkpoints: restart it from the newest one."""
+
+    def __init__(self, worker: str, cause: str, t: float):
+        super().__init__(worker)
+        self.worker, self.cause, self.time = worker, cause, t
+
+
+#: the faults ``--inject`` knows: the driver does ``kill``; the worker the rest
+INJECT_KINDS = ("kill", "hang", "nan", "oom", "raise", "exit")
+
+
+def parse_inject(spec: str, plan: Plan, backend: str = "ray") -> dict:
+    """``KIND@WHEN:TARGET`` -> ``{"kind", "at_step" | "at_s", "target", "spec"}``; a bad spec is
+    AF634 naming the part. WHEN: ``stepN`` (when train step N starts; for a task's own faults:
+    from the rows of step N on) or ``Ns`` (N seconds into the run). TARGET: a task (every
+    replica; ``kill``: replica 0) or ``task/R``; ``kill`` also takes ``control`` and
+    ``store[/N]`` (a shard; Ray only)."""
+    import re
+
+    from asyncflow.diagnostics import error
+
+    def bad(part: str, why: str):
+        return error("AF634", None, spec=spec, part=part, why=why)
+
+    kind, at, rest = spec.partition("@")
+    if not at:
+        raise bad(repr(spec), "is not KIND@WHEN:TARGET (e.g. kill@step5:generate/0)")
+    if kind not in INJECT_KINDS:
+        raise bad(f"kind {kind!r}", f"is not one of {', '.join(INJECT_KINDS)}")
+    when, colon, target = rest.partition(":")
+    if not colon or not target:
+        raise bad(repr(rest), "needs WHEN:TARGET (e.g. step5:generate/0 or 20s:score)")
+    out: dict = {"kind": kind, "spec": spec, "at_step": None, "at_s": None}
+    m_step, m_s = re.fullmatch(r"step(\d+)", when), re.fullmatch(r"(\d+(?:\.\d+)?)s", when)
+    if m_step:
+        out["at_step"] = int(m_step.group(1))
+        if out["at_step"] >= plan.step.steps:
+            raise bad(f"when {when!r}", f"is past the run's last step ({plan.step.steps - 1})")
+    elif m_s:
+        out["at_s"] = float(m_s.group(1))
+    else:
+        raise bad(f"when {when!r}", "is not stepN (a train step) or Ns (seconds into the run)")
+    name, slash, rep = target.partition("/")
+    if name in ("control", "store"):
+        if kind != "kill":
+            raise bad(f"target {target!r}", f"is an actor: only kill applies to it, not {kind}")
+        if backend != "ray":
+            raise bad(f"target {target!r}", "is a Ray actor: it exists on --backend ray only")
+        if name == "control" and slash:
+            raise bad(f"target {target!r}", "has no replicas")
+        if name == "store" and slash and not rep.isdigit():
+            raise bad(f"target {target!r}", "names a shard by its number (store/0)")
+        out["target"] = target
+        return out
+    task = next((t for t in plan.tasks if t.name == name), None)
+    if task is None:
+        names = ", ".join([t.name for t in plan.tasks] + ["control", "store"])
+        raise bad(f"target {target!r}", f"is not a task of the plan ({names})")
+    if slash and (not rep.isdigit() or int(rep) >= task.replicas):
+        raise bad(f"target {target!r}", f"task {name!r} has replicas 0..{task.replicas - 1}")
+    if kind == "nan" and task.kind == "train":
+        raise bad(f"target {target!r}", "is a train task: nan applies to a task's output columns")
+    out["target"] = target if (slash or kind != "kill") else f"{name}/0"
+    return out
+
+
+def _hits(fault: dict, wid: str) -> bool:
+    t = fault["target"]
+    return wid == t or ("/" not in t and wid.partition("/")[0] == t)
 
 
 def worker_error(wid: str, msg, tb: str) -> AsyncflowError:
@@ -67,6 +149,9 @@ def worker_error(wid: str, msg, tb: str) -> AsyncflowError:
     user error (``msg`` is :meth:`~asyncflow.runtime.contract.TaskError.payload`), else
     :class:`RunError` with the worker's traceback."""
     if not isinstance(msg, dict):
+        if str(msg).startswith(("StoreLost", "ControlLost")):  # an actor of the run is gone
+            what = "sample store" if str(msg).startswith("StoreLost") else "control actor"
+            return fault("AF632", tb, what=what, cause=f"{msg} (seen by worker {wid})")
         return RunError(f"worker {wid} failed: {msg}", tb)
     from asyncflow.diagnostics import error
     from asyncflow.loc import Sources
@@ -96,69 +181,14 @@ class RunResult:
     workers: dict[str, dict] = field(default_factory=dict)  # worker -> its summary
     spans: int = 0
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> rows
+    events: list[dict] = field(default_factory=list)  # kills, deaths, restarts (Driver.events)
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def load_prompts(plan: Plan, paths: list[str] | None = None) -> list[dict]:
-    """The rows of the plan's (first) data source, restricted to its declared fields.
-
-    A data file is looked up as the validate pass does (absolute, else beside the pipeline file,
-    else in the working directory) and read by :mod:`asyncflow.datasets`; a ``module:factory``
-    is imported from ``paths`` first (default: :func:`asyncflow.refs.search_path` of the
-    pipeline file, as ``check`` looks it up). A file or factory that fails is a user error
-    (AF601-AF603), located in the data file where the loader says where.
-    """
-    import re
-
-    from asyncflow import datasets
-    from asyncflow.diagnostics import error
-    from asyncflow.loc import SourceLoc, Sources
-
-    if not plan.data:
-        raise RunError("the plan has no data source")
-    src = plan.data[0]
-    s = src.source
-    here = SourceLoc(plan.source_file or "<plan>", 1, 1)
-    sources = Sources()  # the texts the error may quote: the pipeline file, the data file
-    sources.add_file(here.file)
-    try:
-        if s.endswith((".jsonl", ".json", ".parquet")):
-            path = s
-            if not os.path.isabs(s):
-                beside = os.path.join(os.path.dirname(plan.source_file or ""), s)
-                path = beside if os.path.exists(beside) else s
-            if s.endswith(".jsonl"):
-                rows = datasets.jsonl(path)
-            elif s.endswith(".parquet"):
-                rows = datasets.parquet(path)
-            else:
-                with open(path) as f:
-                    rows = json.load(f)
-        else:
-            if paths is None:
-                paths = refs.search_path(plan.source_file or None)
-            rows = list(refs.resolve(s, paths)(**(src.args or {})))
-    except (OSError, ValueError, ImportError, TypeError) as e:
-        reason = str(e)
-        m = re.match(r"^(.+?):(\d+): (.*)$", reason)
-        loc = here
-        if m:  # the loader named the file and line: point there, with the line quoted
-            loc = SourceLoc(m.group(1), int(m.group(2)), 1)
-            sources.add_file(m.group(1))
-            reason = m.group(3)
-        raise error("AF601", loc, sources=sources, name=src.name, source=s, reason=reason) from None
-    if not rows:
-        raise error("AF602", here, sources=sources, name=src.name, source=s)
-    fields = src.fields or list(rows[0])
-    for i, r in enumerate(rows):
-        missing = next((f for f in fields if f not in r), None)
-        if missing is not None:
-            raise error("AF603", here, sources=sources, name=src.name, source=s, row=i,
-                        field=missing)
-    return [{f: r[f] for f in fields} for r in rows]
+from asyncflow.runtime.data import load_prompts  # noqa: E402  (data reading lives there)
 
 
 class Driver:
@@ -169,7 +199,8 @@ class Driver:
                  options: dict | None = None, on_step: Callable[[dict], Any] | None = None,
                  poll_s: float | None = None, shards: int = 1,
                  checkpoint_every: int | None = None,
-                 resume: bool = False):
+                 resume: bool = False, max_restarts: int | None = None,
+                 stall_timeout: float = 300.0, inject: list | None = None):
         plan = copy.deepcopy(plan)
         if steps is not None:
             plan.step.steps = int(steps)
@@ -193,6 +224,19 @@ class Driver:
         self.resume = bool(resume)
         if (self.checkpoint_every or self.resume) and not out_dir:
             raise RunError("checkpoints and --resume need a run directory (out_dir)")
+        # faults: a dead worker is restarted up to max_restarts times (None: never, and the run
+        # goes on while another replica of its task lives); the watchdog ends a run that makes
+        # no progress for stall_timeout s; inject: parsed --inject specs (parse_inject)
+        self.max_restarts = max_restarts
+        self.stall_timeout = float(stall_timeout)
+        self.inject = [f if isinstance(f, dict) else parse_inject(f, plan, backend)
+                       for f in (inject or [])]
+        self.options.setdefault("lease_s", lease_s)
+        self.options.setdefault("heartbeat_s", 0.5 if backend == "local" else 1.0)
+        self.options.setdefault("stack_after_s", max(0.5, min(5.0, self.stall_timeout / 3)))
+        self.restarts: dict[str, int] = {}
+        self.events: list[dict] = []  # kills, deaths, restarts: {"t", "event", "worker", ...}
+        self._fired: set[int] = set()
 
     # -- public --------------------------------------------------------------------------------
     def kill(self, worker_id: str) -> None:
@@ -200,12 +244,33 @@ class Driver:
         self._kill_requests.append(worker_id)
 
     def run(self) -> RunResult:
+        """Run the plan; a train worker that dies with checkpoints on restarts the run from the
+        newest checkpoint here, in this call (the other workers are stopped and started again)."""
+        while True:
+            try:
+                return self._run_once()
+            except _Restart as r:
+                n = self.restarts.get(r.worker, 0)
+                if self.max_restarts is not None and n >= self.max_restarts:
+                    task = r.worker.partition("/")[0]
+                    raise fault("AF631", worker=r.worker, task=task, times=n + 1,
+                                max_restarts=self.max_restarts, cause=r.cause) from None
+                self.restarts[r.worker] = n + 1
+                self.resume = True
+                self.options.pop("start_step", None)
+                self.options.pop("resume_dir", None)
+                self.events.append({"t": r.time, "event": "trainer_restart", "worker": r.worker,
+                                    "cause": r.cause})
+
+    def _run_once(self) -> RunResult:
         plan = self.plan
         st = plan.step
         prompts = load_prompts(plan, self.options["search_path"])
         from asyncflow.runtime import checkpoint as ckpt
 
         resumed = ckpt.prepare_resume(self.out_dir, st.samples_per_step) if self.resume else None
+        if self.events and self.events[-1]["event"] == "trainer_restart":
+            self.events[-1]["from_step"] = resumed["version"] if resumed else 0
         start = resumed["version"] if resumed else 0
         if start:
             self.options.update(start_step=start, resume_dir=os.path.abspath(resumed["dir"]))
@@ -243,20 +308,35 @@ class Driver:
         fed = start  # steps fed so far
         interrupted = False
         last = {"t": t0, "busy": {}, "exposed": {}, "drops": 0}
+        self._beats: dict = {}
+        self._status: dict[str, str] = {w.id: "starting" for w in plan.workers}
+        restart = None
         try:
             share = {t.name: t.time_share for t in plan.tasks}
             order = sorted(plan.workers, key=lambda w: share.get(w.task, 0))  # stable: by plan
-            be.start(plan.to_dict(), [w.id for w in order], store, worker_ctl, t0, self.options)
+            be.start(plan.to_dict(), [w.id for w in order], store, worker_ctl, t0,
+                     self._start_options())
             self.started = True
             self._wait_ready(ctl, be)
+            if self.events and self.events[-1]["event"] == "trainer_restart":
+                self.events.append({"t": time.time(), "event": "resumed",
+                                    "worker": self.events[-1]["worker"], "from_step": start})
+            self._status = {w: "running" for w in self._status}
+            self._write_workers(be)
             last["t"] = self.ready = time.time()  # step 0's clock starts when rows can flow
             fed = self._feed(store, prompts, fed, min(st.steps, start + ahead))
             last_expire = time.time()
+            watch = {"t": time.time(), "key": None, "beat_t": 0.0}
             while True:
                 for wid in self._kill_requests[:]:
                     self._kill_requests.remove(wid)
+                    self.events.append({"t": time.time(), "event": "kill", "worker": wid})
                     be.kill(wid)
-                c = ctl.collect()
+                self._inject_kills(be, min(done.values()) if done else 0)
+                try:
+                    c = ctl.collect()
+                except Exception as e:
+                    raise self._lost("control actor", e) from None
                 spans.extend(c["spans"])
                 for rows, values in c["rewards"]:
                     rewards.update(zip(rows, values))
@@ -265,6 +345,8 @@ class Driver:
                 if c["errors"]:
                     wid, msg, tb = c["errors"][0]
                     raise worker_error(wid, msg, tb)
+                if c["reports"]:
+                    watch["t"] = time.time()
                 for task, rep in c["reports"]:
                     pending_reports.setdefault(rep["step"], {})[task] = rep
                     done[task] = max(done.get(task, 0), rep["step"] + 1)
@@ -286,23 +368,33 @@ class Driver:
                     if self.on_step:
                         self.on_step(row)
                 version = min(done.values()) if done else st.steps
-                if fed < st.steps:
-                    fed = self._feed(store, prompts, fed, min(st.steps, version + ahead))
-                if trainers and all(done[t] >= st.steps for t in trainers):
-                    break
-                if not trainers and fed >= st.steps and self._all_consumed(store, fed):
-                    break
-                self._check_workers(be)
-                if time.time() - last_expire > 0.25:
-                    store.expire()
-                    last_expire = time.time()
+                try:
+                    if fed < st.steps:
+                        fed = self._feed(store, prompts, fed, min(st.steps, version + ahead))
+                    if trainers and all(done[t] >= st.steps for t in trainers):
+                        break
+                    if not trainers and fed >= st.steps and self._all_consumed(store, fed):
+                        break
+                    self._supervise(be, store, ctl)
+                    if time.time() - last_expire > 0.25:
+                        store.expire()
+                        last_expire = time.time()
+                except StoreLost as e:
+                    raise self._lost("sample store", e) from None
+                self._watchdog(be, ctl, watch)
                 time.sleep(self.poll_s)
         except KeyboardInterrupt:
             interrupted = True
             raise
+        except _Restart as r:
+            restart = r
+            raise
         finally:
             wall = time.time() - t0
-            ctl.stop()
+            try:
+                ctl.stop()
+            except Exception:
+                pass
             if self.started:
                 be.join(timeout=float(self.options.get("join_s", 10.0)))
             try:
@@ -310,7 +402,7 @@ class Driver:
                 spans.extend(c["spans"])
             except Exception:
                 pass
-            workers = be.finished() if self.started else {}
+            workers = self._workers_info(be) if self.started else {}
             result = RunResult(metrics.rows, self.out_dir, wall,
                                sum(r.get("samples", 0) for r in metrics.rows), interrupted,
                                workers=workers, spans=len(spans), dropped=drops)
@@ -321,13 +413,13 @@ class Driver:
                 pass
             metrics.close()
             train_rows.close()
+            result.events = list(self.events)
             if self.out_dir:
                 write_trace(os.path.join(self.out_dir, "trace.json"), spans, t0, pools)
                 if workers:  # where every worker ran, and how it ended
-                    with open(os.path.join(self.out_dir, "workers.json"), "w") as f:
-                        json.dump(workers, f, indent=1, sort_keys=True, default=str)
+                    self._write_workers(be, workers)
             self.result = result
-            be.shutdown()
+            be.shutdown(keep_ray=restart is not None)
         return result
 
     # -- internals -----------------------------------------------------------------------------
@@ -365,6 +457,162 @@ class Driver:
                            "(a step must own a contiguous row range)")
         return upto
 
+    # -- faults ----------------------------------------------------------------------------------
+    def _start_options(self) -> dict:
+        """The workers' options; a worker targeted by ``--inject`` gets its faults."""
+        base = {k: v for k, v in self.options.items() if k != "per_worker"}
+        worker_faults = [f for f in self.inject if f["kind"] != "kill"]
+        if not worker_faults or self.resume:  # a restarted run does not inject again
+            return base
+        per = {}
+        for w in self.plan.workers:
+            mine = [f for f in worker_faults if _hits(f, w.id)]
+            if mine:
+                per[w.id] = {**base, "inject": mine}
+        return {**base, "per_worker": per}
+
+    def _inject_kills(self, be, step: int) -> None:
+        """``kill@...`` faults that are due: the worker's process (Ray: ``ray.kill``; local: the
+        thread stops at its next op boundary, acking nothing) or an actor."""
+        now = time.time()
+        for i, f in enumerate(self.inject):
+            if f["kind"] != "kill" or i in self._fired:
+                continue
+            due = (step >= f["at_step"]) if f["at_step"] is not None else \
+                (now - self.t0 >= f["at_s"])
+            if not due:
+                continue
+            self._fired.add(i)
+            self.events.append({"t": now, "event": "kill", "worker": f["target"], "spec": f["spec"]})
+            if f["target"] == "control" or f["target"].startswith("store"):
+                be.kill_actor(f["target"])
+            else:
+                be.kill(f["target"])
+
+    def _lost(self, what: str, e: Exception) -> RunError:
+        return fault("AF632", what=what, cause=f"{e.__class__.__name__}: {e}")
+
+    def _supervise(self, be, store, ctl) -> None:
+        """A worker that died (its process, its thread, out of memory) is known at once: its
+        leases are revoked, and it is restarted (``max_restarts``) with the current weights; a
+        train worker restarts the run from the newest checkpoint (:class:`_Restart`)."""
+        fin = be.finished()
+        if not fin:
+            return
+        for wid, res in sorted(fin.items()):
+            status = res.get("status")
+            if status in ("stopped", "failed") or self._status.get(wid) == "dead":
+                continue
+            now = time.time()
+            cause = res.get("error") or status
+            store.revoke(wid)  # its rows are eligible again now, not when the leases expire
+            self.events.append({"t": now, "event": "died", "worker": wid, "cause": cause})
+            task = self.plan.task(wid.partition("/")[0])
+            if self.max_restarts is None:  # no restarts: the run goes on while a replica lives
+                self._status[wid] = "dead"
+                self._check_workers(be)
+                self._write_workers(be)
+                continue
+            if task.kind == "train":
+                self._status[wid] = "dead"
+                if not self.checkpoint_every:
+                    raise fault("AF633", worker=wid, task=task.name, cause=cause)
+                raise _Restart(wid, cause, now)
+            n = self.restarts.get(wid, 0)
+            if n >= self.max_restarts:
+                self._status[wid] = "dead"
+                raise fault("AF631", worker=wid, task=task.name, times=n + 1,
+                            max_restarts=self.max_restarts, cause=cause)
+            self.restarts[wid] = n + 1
+            try:
+                ctl.forget(wid)
+            except Exception as e:
+                raise self._lost("control actor", e) from None
+            opts = {k: v for k, v in self.options.items() if k != "per_worker"}
+            be.restart(wid, {**opts, "restarted": True})
+            self._status[wid] = "restarted"
+            self.events.append({"t": time.time(), "event": "restart", "worker": wid})
+            self._write_workers(be)
+
+    def _watchdog(self, be, ctl, watch: dict) -> None:
+        """No step finished and no worker made progress for ``stall_timeout`` s, or a worker's
+        heartbeat stopped that long: end the run naming the worker, its task, its op and its
+        stack (never a silent freeze)."""
+        now = time.time()
+        if now - watch["beat_t"] < min(1.0, self.stall_timeout / 4):
+            return
+        watch["beat_t"] = now
+        try:
+            beats = ctl.beats()
+        except Exception as e:
+            raise self._lost("control actor", e) from None
+        self._beats = beats
+        key = tuple(sorted((w, b.get("progress", 0)) for w, b in beats.items()))
+        if key != watch["key"]:
+            watch["key"], watch["t"] = key, now
+        fin = be.finished()
+        live = {w: b for w, b in beats.items() if w not in fin}
+        silent = [(now - b["received"], w) for w, b in live.items()
+                  if now - b["received"] > self.stall_timeout]
+        if not silent and now - watch["t"] <= self.stall_timeout:
+            return
+        if silent:
+            age, wid = max(silent)
+            b = live[wid]
+            more = f"; its heartbeat stopped {age:.1f} s ago (the process is frozen or gone)"
+        else:
+            busy = [w for w, b in live.items() if b.get("op") not in ("READ", "WAIT")]
+            pool = busy or list(live) or list(beats)
+            if not pool:
+                raise fault("AF630", seconds=self.stall_timeout, worker="?", task="?", op="?",
+                            op_s=0.0, more="")
+            wid = min(pool, key=lambda w: beats[w].get("op_since", now))
+            b = beats[wid]
+            more = ""
+        stack = be.stack(wid) if hasattr(be, "stack") and not silent else ""
+        stack = stack or b.get("stack") or ""
+        others = ", ".join(f"{w} in {x.get('op')}" for w, x in sorted(live.items()) if w != wid)
+        if others:
+            more += f"; the others: {others}"
+        if stack:
+            more += f". Its stack:\n{stack.rstrip()}"
+        raise fault("AF630", seconds=self.stall_timeout, worker=wid, task=wid.partition("/")[0],
+                    op=b.get("op", "?"), op_s=now - float(b.get("op_since", now)), more=more,
+                    details=stack)
+
+    def _workers_info(self, be) -> dict:
+        """Every worker: task, pool, host, pid, node, cores (from its heartbeat or its end),
+        restarts, status."""
+        fin = be.finished() if self.started else {}
+        out = {}
+        for w in self.plan.workers:
+            beat = self._beats.get(w.id, {}) if hasattr(self, "_beats") else {}
+            info = {"task": w.task, "pool": w.pool, **(beat.get("where") or {})}
+            res = fin.get(w.id)
+            if res:
+                info.update(res)
+            info["restarts"] = self.restarts.get(w.id, 0)
+            st = self._status.get(w.id, "starting") if hasattr(self, "_status") else "starting"
+            info["status"] = res.get("status") if res else st
+            out[w.id] = info
+        return out
+
+    def _write_workers(self, be, workers: dict | None = None) -> None:
+        """``RUN_DIR/workers.json``, atomically (tmp + rename): live during the run."""
+        if not self.out_dir:
+            return
+        if not self._beats:
+            try:
+                self._beats = self.control.beats()
+            except Exception:
+                pass
+        workers = workers if workers is not None else self._workers_info(be)
+        path = os.path.join(self.out_dir, "workers.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(workers, f, indent=1, sort_keys=True, default=str)
+        os.replace(tmp, path)
+
     def _wait_ready(self, ctl, be) -> None:
         """Until every worker has built its engine and synced once (start-up is not a step)."""
         ids = {w.id for w in self.plan.workers}
@@ -373,13 +621,20 @@ class Driver:
             for wid in self._kill_requests[:]:
                 self._kill_requests.remove(wid)
                 be.kill(wid)
-            if ids <= set(ctl.collect_seen()):
+            try:
+                seen = set(ctl.collect_seen())
+            except Exception as e:
+                raise self._lost("control actor", e) from None
+            if ids <= seen:
                 return
             errors = ctl.errors()
             if errors:
                 wid, msg, tb = errors[0]
                 raise worker_error(wid, msg, tb)
-            self._check_workers(be)
+            try:
+                self._supervise(be, self.store, ctl)
+            except StoreLost as e:
+                raise self._lost("sample store", e) from None
             time.sleep(self.poll_s)
         raise RunError("workers did not start within the start-up timeout")
 

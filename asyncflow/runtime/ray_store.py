@@ -54,13 +54,28 @@ from typing import Any
 import numpy as np
 import ray
 
-from asyncflow.runtime.store import SNAPSHOT_FORMAT, Lease, SampleStore, StoreError, _take, check_new_rows
+from asyncflow.runtime.store import (SNAPSHOT_FORMAT, Lease, SampleStore, StoreError, StoreLost, _take,
+                                     check_new_rows)
 
 _BITS = 40
 _MASK = (1 << _BITS) - 1
 _POLL_S = 5.0  # the longest one long poll waits before the handle re-polls
 _INLINE = 64 * 1024  # chunks below this many bytes stay inline in the shard (no object store)
 _CACHE = 16  # fetched chunks a handle keeps
+# every call to a shard is bounded: a shard that does not answer within this many seconds (plus
+# the call's own wait) is lost, and the caller gets StoreLost instead of hanging forever
+CALL_TIMEOUT_S = float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120"))
+
+
+def _get(refs, wait_s: float = 0.0):
+    """``ray.get`` with a bound; a shard that times out or died is :class:`StoreLost`."""
+    limit = CALL_TIMEOUT_S + float(wait_s or 0.0)
+    try:
+        return ray.get(refs, timeout=limit)
+    except ray.exceptions.GetTimeoutError:
+        raise StoreLost(f"a sample-store shard did not answer within {limit:.0f} s") from None
+    except ray.exceptions.RayActorError as e:
+        raise StoreLost(f"a sample-store shard died ({str(e).splitlines()[0][:200]})") from None
 
 
 # ---------------------------------------------------------------------- column types
@@ -340,7 +355,7 @@ class _Shard:
             if mine is not None:
                 self.attach(*mine)
         finally:
-            ray.get(refs)
+            _get(refs)
         return rows
 
     def attach(self, rows: np.ndarray, groups: list[int], versions, part, offsets, fields: list[str]) -> None:
@@ -440,7 +455,7 @@ class _Shard:
         d = self.store.snapshot()
         chunks = dict(self._chunks)
         refs = {c: o for c, (o, _) in chunks.items() if isinstance(o, ray.ObjectRef)}
-        vals = dict(zip(refs, ray.get(list(refs.values())))) if refs else {}
+        vals = dict(zip(refs, _get(list(refs.values())))) if refs else {}
         for f, fd in d["fields"].items():
             locs = fd["values"]
             out: list = [None] * len(locs)
@@ -514,9 +529,9 @@ class RayStore:
             opts = {"num_cpus": 0, "max_concurrency": 64, **(actor_options or {})}
             cls = ray.remote(_Shard).options(**opts)
             _handles = [cls.remote(i, lease_s, inline_bytes) for i in range(shards)]
-            ray.get([h.ping.remote() for h in _handles])
+            _get([h.ping.remote() for h in _handles])
         self._shards = list(_handles)
-        ray.get(self._shards[0].set_peers.remote(self._shards))
+        _get(self._shards[0].set_peers.remote(self._shards))
         self._init_local()
 
     def _init_local(self) -> None:
@@ -539,7 +554,10 @@ class RayStore:
     def shutdown(self) -> None:
         """Kill the shard actors (the store's data goes with them)."""
         for h in self._shards:
-            ray.kill(h)
+            try:
+                ray.kill(h)
+            except Exception:  # already gone
+                pass
 
     # ------------------------------------------------------------------ routing
     def _shard_of(self, rows) -> np.ndarray:
@@ -559,7 +577,7 @@ class RayStore:
         return out
 
     def _all(self, method: str, *args, **kwargs) -> list:
-        return ray.get([h.call.remote(method, *args, **kwargs) for h in self._shards])
+        return _get([h.call.remote(method, *args, **kwargs) for h in self._shards])
 
     # ------------------------------------------------------------------ writing
     def register_task(self, task: str, inputs: list[str]) -> None:
@@ -579,7 +597,7 @@ class RayStore:
             raise StoreError("add_rows: the rows of a group must be adjacent")
         versions = None if versions is None else list(versions)
         payload = _pack_cols(columns)
-        rows = ray.get(self._shards[0].add_rows.remote(payload, g, versions, lengths.tolist(), self.chunk))
+        rows = _get(self._shards[0].add_rows.remote(payload, g, versions, lengths.tolist(), self.chunk))
         return rows.tolist()
 
     def write(self, rows: list[int], columns: dict, *, lease_id: int | None = None) -> bool:
@@ -588,7 +606,7 @@ class RayStore:
         for s, (srows, scols) in self._split(rows, columns).items():
             lid = None if parts is None else parts.get(s, _MASK)  # _MASK: a lease id no shard has
             refs.append(self._shards[s].write.remote(srows, _pack_cols(scols), lid))
-        return all(ray.get(refs))
+        return all(_get(refs))
 
     # ------------------------------------------------------------------ reading
     def get(
@@ -605,6 +623,7 @@ class RayStore:
         min_version: int | None = None,
         fields: list[str] | None = None,
         lease_s: float | None = None,
+        owner: str | None = None,
     ) -> Lease | None:
         """As :meth:`SampleStore.get`, across shards (ordering: module docstring)."""
         deadline = time.monotonic() + timeout
@@ -613,24 +632,26 @@ class RayStore:
         need = max(int(min_rows), 1)
         unit = group_size if whole_groups else 1
         if len(self._shards) == 1:
-            kw = {**sel, "min_rows": min_rows, "timeout": timeout, "fields": fields, "lease_s": lease_s}
-            part = ray.get(self._shards[0].get.remote(task, n, kw))
+            kw = {**sel, "min_rows": min_rows, "timeout": timeout, "fields": fields,
+                  "lease_s": lease_s, "owner": owner}
+            part = _get(self._shards[0].get.remote(task, n, kw), timeout)
             return None if part is None else self._assemble(task, {0: part}, lease_s)
-        kw = {**sel, "min_rows": 1, "timeout": 0.0, "fields": fields, "lease_s": lease_s}
+        kw = {**sel, "min_rows": 1, "timeout": 0.0, "fields": fields, "lease_s": lease_s,
+              "owner": owner}
         polls: dict[int, tuple[str, Any]] = {}
         try:
             while True:
                 # one round: every shard leases its lowest rows; keep the lowest n over all
                 refs = [h.get.remote(task, n, kw) for h in self._shards]
-                parts = {s: p for s, p in enumerate(ray.get(refs)) if p is not None}
+                parts = {s: p for s, p in enumerate(_get(refs)) if p is not None}
                 parts = self._keep_lowest(parts, n // unit, whole_groups)
                 if sum(len(p[1]) for p in parts.values()) >= need:
                     return self._assemble(task, parts, lease_s)
                 if parts:
-                    ray.get([self._shards[s].call.remote("release", p[0]) for s, p in parts.items()])
+                    _get([self._shards[s].call.remote("release", p[0]) for s, p in parts.items()])
                 if time.monotonic() >= deadline:
                     return None
-                latest = ray.get([h.peek.remote(task, n, sel) for h in self._shards])
+                latest = _get([h.peek.remote(task, n, sel) for h in self._shards])
                 while True:  # wait until the shards together look like enough
                     if sum(self._quota(latest, n // unit, unit).values()) >= need:
                         break
@@ -645,7 +666,7 @@ class RayStore:
                     done, _ = ray.wait(list(by_ref), num_returns=1, timeout=left)
                     for ref in done:
                         s = by_ref[ref]
-                        latest[s] = ray.get(ref)
+                        latest[s] = _get(ref)
                         del polls[s]
         finally:
             for s, (pid, _) in polls.items():
@@ -688,7 +709,7 @@ class RayStore:
             locs = {f: v[keep] for f, v in locs.items()}
             refs.append(self._shards[s].trim.remote(lid, rows))
             out[s] = (lid, rows, book, locs, chunks)
-        ray.get(refs)
+        _get(refs)
         return out
 
     @staticmethod
@@ -705,7 +726,7 @@ class RayStore:
         """Chunks by ref, one ``ray.get`` for those not cached."""
         with self._cache_lock:
             miss = [r for r in dict.fromkeys(refs) if r not in self._cache]
-        got = {r: _unpack_cols(v) for r, v in zip(miss, ray.get(miss))} if miss else {}
+        got = {r: _unpack_cols(v) for r, v in zip(miss, _get(miss))} if miss else {}
         with self._cache_lock:
             for r, v in got.items():
                 self._cache[r] = v
@@ -798,18 +819,31 @@ class RayStore:
             refs = [self._shards[s].ack.remote(p, _pack_cols(columns)) for s, p in parts.items()]
         if not refs:
             return False
-        return all(ray.get(refs))
+        return all(_get(refs))
 
     def release(self, lease_id: int | Lease) -> bool:
         lid = getattr(lease_id, "id", lease_id)
         self._issued.pop(lid, None)
         refs = [self._shards[s].call.remote("release", p) for s, p in _unpack(lid, len(self._shards)).items()]
-        return bool(refs) and all(ray.get(refs))
+        return bool(refs) and all(_get(refs))
 
     def renew(self, lease_id: int | Lease, lease_s: float | None = None) -> bool:
         lid = getattr(lease_id, "id", lease_id)
         refs = [self._shards[s].call.remote("renew", p, lease_s) for s, p in _unpack(lid, len(self._shards)).items()]
-        return bool(refs) and all(ray.get(refs))
+        return bool(refs) and all(_get(refs))
+
+    def renew_many(self, lease_ids: list[int], lease_s: float | None = None) -> int:
+        """Renew many leases: one call per shard that holds any of them (a heartbeat)."""
+        per: dict[int, list[int]] = {}
+        for lid in lease_ids:
+            for s, p in _unpack(int(lid), len(self._shards)).items():
+                per.setdefault(s, []).append(p)
+        refs = [self._shards[s].call.remote("renew_many", ps, lease_s) for s, ps in per.items()]
+        return sum(_get(refs)) if refs else 0
+
+    def revoke(self, owner: str) -> int:
+        """Give back every live lease of worker ``owner`` on every shard (it died)."""
+        return sum(self._all("revoke", owner))
 
     def expire(self, now: float | None = None) -> int:
         """Expire leases past deadline on every shard; returns the shard leases expired."""
@@ -817,7 +851,7 @@ class RayStore:
 
     def drop(self, rows: list[int], reason: str) -> int:
         refs = [self._shards[s].call.remote("drop", r, reason) for s, (r, _) in self._split(rows, None).items()]
-        return sum(ray.get(refs))
+        return sum(_get(refs))
 
     # ------------------------------------------------------------------ inspection
     def consumed(self, task: str) -> list[int]:
@@ -833,7 +867,7 @@ class RayStore:
         per = self._all("stats")
         out: dict = {"shards": per}
         for k in ("rows", "freed", "leases_live", "leases_reissued", "rows_reissued", "stale_acks",
-                  "stale_writes", "leases_restored"):  # fmt: skip
+                  "stale_writes", "leases_restored", "leases_revoked"):  # fmt: skip
             out[k] = sum(p[k] for p in per)
         out["drops"] = {}
         out["tasks"] = {}
@@ -849,18 +883,18 @@ class RayStore:
     def gc(self) -> int:
         """As :meth:`SampleStore.gc`; shards also drop their references to chunks whose rows
         are all freed."""
-        return sum(ray.get([h.gc.remote() for h in self._shards]))
+        return sum(_get([h.gc.remote() for h in self._shards]))
 
     # ------------------------------------------------------------------ checkpoint
     def snapshot(self) -> dict:
-        next_row = ray.get(self._shards[0].next_row.remote())
+        next_row = _get(self._shards[0].next_row.remote())
         return {
             "format": SNAPSHOT_FORMAT,
             "backend": "ray",
             "lease_s": self.lease_s,
             "chunk": self.chunk,
             "next_row": next_row,
-            "shards": ray.get([h.snapshot.remote() for h in self._shards]),
+            "shards": _get([h.snapshot.remote() for h in self._shards]),
         }
 
     @classmethod
@@ -868,6 +902,6 @@ class RayStore:
         if d.get("format") != SNAPSHOT_FORMAT or d.get("backend") != "ray":
             raise StoreError("not a RayStore snapshot")
         store = cls(len(d["shards"]), d["lease_s"], d["chunk"], actor_options=actor_options, **kwargs)
-        ray.get([h.restore.remote(sd) for h, sd in zip(store._shards, d["shards"])])
-        ray.get(store._shards[0].next_row.remote(d["next_row"]))
+        _get([h.restore.remote(sd) for h, sd in zip(store._shards, d["shards"])])
+        _get(store._shards[0].next_row.remote(d["next_row"]))
         return store

@@ -54,6 +54,10 @@ _UNSET = -1  # _version of a row nobody has stamped yet
 class StoreError(AsyncflowError):
     """Misuse of the sample store: unknown task or row, a field written twice, bad shapes."""
 
+
+class StoreLost(StoreError):
+    """A store shard (Ray actor) died or did not answer within its bound: the run cannot go on."""
+
 def check_new_rows(columns: dict, groups: list[int], versions: list[int] | None):
     """``add_rows``' arguments checked (every store backend shares this): a copy of ``columns``
     without ``_version`` (moved to ``versions``); bookkeeping columns may not be given."""
@@ -99,10 +103,12 @@ class _Task:
 
 
 class _LeaseRec:
-    __slots__ = ("id", "task", "pos", "rows", "deadline")
+    __slots__ = ("id", "task", "pos", "rows", "deadline", "owner")
 
-    def __init__(self, id: int, task: _Task, pos: np.ndarray, rows: list[int], deadline: float):
+    def __init__(self, id: int, task: _Task, pos: np.ndarray, rows: list[int], deadline: float,
+                 owner: str | None = None):
         self.id, self.task, self.pos, self.rows, self.deadline = id, task, pos, rows, deadline
+        self.owner = owner
 
 
 def _run(pos: np.ndarray) -> tuple[int, int] | None:
@@ -413,6 +419,7 @@ class SampleStore:
         min_version: int | None = None,
         fields: list[str] | None = None,
         lease_s: float | None = None,
+        owner: str | None = None,
     ) -> Lease | None:
         """Lease up to ``n`` eligible rows for ``task`` (rules 2, 3); wait up to ``timeout`` s for
         at least ``min_rows`` of them; None if there are not that many by then.
@@ -420,6 +427,7 @@ class SampleStore:
         ``filter_fn`` is called with ``{"_row", "_group", "_version"}`` of each eligible row and
         keeps the truthy ones; ``min_version`` keeps rows with ``_version >= min_version`` (the
         vectorised form of the staleness filter). ``fields`` defaults to the task's inputs.
+        ``owner``: the worker the lease is for (:meth:`revoke` gives back all of a worker's).
         """
         deadline = self._clock() + timeout
         with self._cv:
@@ -430,7 +438,7 @@ class SampleStore:
                 self._expire_locked(now)
                 pos = self._select(t, n, whole_groups, group_size, max_row, filter_fn, min_version)
                 if len(pos) >= need:
-                    return self._lease_locked(t, pos, fields, now, lease_s)
+                    return self._lease_locked(t, pos, fields, now, lease_s, owner)
                 left = deadline - now
                 if left <= 0:
                     return None
@@ -438,14 +446,15 @@ class SampleStore:
                     left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
                 self._cv.wait(left)
 
-    def _lease_locked(self, t: _Task, pos: np.ndarray, fields, now: float, lease_s) -> Lease:
+    def _lease_locked(self, t: _Task, pos: np.ndarray, fields, now: float, lease_s,
+                      owner: str | None = None) -> Lease:
         lid = self._next_lease
         self._next_lease += 1
         deadline = now + (self.lease_s if lease_s is None else lease_s)
         t.held[pos] = True
         t.n_held += len(pos)
         rows = self._row[pos].tolist()
-        self._leases[lid] = _LeaseRec(lid, t, pos, rows, deadline)
+        self._leases[lid] = _LeaseRec(lid, t, pos, rows, deadline, owner)
         heapq.heappush(self._heap, (deadline, lid))
         cols = self._columns(pos, t.inputs if fields is None else fields)
         return Lease(lid, t.name, rows, cols, deadline)
@@ -536,6 +545,33 @@ class SampleStore:
             heapq.heappush(self._heap, (rec.deadline, lease_id))
             return True
 
+    def renew_many(self, lease_ids: list[int], lease_s: float | None = None) -> int:
+        """:meth:`renew` of many leases in one call (a worker's heartbeat); returns how many
+        were still live."""
+        with self._cv:
+            now, n = self._clock(), 0
+            for lid in lease_ids:
+                rec = self._leases.get(int(lid))
+                if rec is None:
+                    continue
+                rec.deadline = now + (self.lease_s if lease_s is None else lease_s)
+                heapq.heappush(self._heap, (rec.deadline, rec.id))
+                n += 1
+            return n
+
+    def revoke(self, owner: str) -> int:
+        """Give back, unconsumed, every live lease of worker ``owner`` (it died: its rows are
+        eligible again at once, not when the leases expire). Counted as ``leases_revoked`` and,
+        like an expiry (rule 4), as ``leases_reissued``. Returns how many were revoked."""
+        with self._cv:
+            gone = [rec for rec in self._leases.values() if rec.owner == owner]
+            for rec in gone:
+                del self._leases[rec.id]
+                self._unhold(rec)
+            self._counters["leases_revoked"] += len(gone)
+            self._counters["leases_reissued"] += len(gone)  # their rows go out again, as on expiry
+            return len(gone)
+
     def _unhold(self, rec: _LeaseRec) -> None:
         rec.task.held[rec.pos] = False
         rec.task.n_held -= len(rec.pos)
@@ -610,6 +646,7 @@ class SampleStore:
                 "stale_acks": c["stale_acks"],
                 "stale_writes": c["stale_writes"],
                 "leases_restored": c["leases_restored"],
+                "leases_revoked": c["leases_revoked"],
             }
 
     def gc(self) -> int:

@@ -14,6 +14,7 @@ object reference through actor calls instead of resolving it.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -79,7 +80,7 @@ def unbox_weights(box: list, use_ray: bool) -> Any:
     if use_ray:
         import ray
 
-        return ray.get(box[0])
+        return ray.get(box[0], timeout=float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120")))
     return box[0]
 
 

@@ -35,6 +35,9 @@ are plain calls (the Ray backend hands in proxies).
 """
 from __future__ import annotations
 
+import math
+import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -55,6 +58,10 @@ class Crash(BaseException):
 
 class Stop(BaseException):
     """Raised inside a serve loop when the run is over: in-flight samples are abandoned."""
+
+
+#: the fault kinds a worker applies itself (``asyncflow run --inject``; the driver does ``kill``)
+WORKER_FAULTS = ("hang", "nan", "oom", "raise", "exit")
 
 
 def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
@@ -150,6 +157,17 @@ class Worker:
         self._rewards: list = []  # (rows, values) to report
         self._drops: list = []  # (rows, reason) to report
         self._stats = {"rows": 0, "leases": 0, "empty_reads": 0, "stale_dropped": 0}
+        # liveness: the leases this worker holds (renewed by the heartbeat thread while it
+        # computes), the op it is in and since when, and a counter of work done (the watchdog's)
+        self._held: dict[int, float | None] = {}
+        self._held_lock = threading.Lock()
+        self._op, self._op_since, self._progress = "START", time.time(), 0
+        self._ident: int | None = None
+        self._beat_stop = threading.Event()
+        self.lease_s = float(self.opt.get("lease_s", 60.0))
+        self.heartbeat_s = float(self.opt.get("heartbeat_s", 1.0))
+        self.stack_after_s = float(self.opt.get("stack_after_s", 5.0))
+        self.faults = [f for f in self.opt.get("inject") or () if f.get("kind") in WORKER_FAULTS]
         self.paths = list(self.opt.get("search_path") or ())
         # the plan's bindings: which of the store's fields is which role (never a fixed name)
         self.roles_in = [(f, r) for f, r in self.task.bind_in if r != "keep"]
@@ -218,6 +236,16 @@ class Worker:
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
+        self._ident = threading.get_ident()
+        beat = threading.Thread(target=self._heartbeat, name=f"asyncflow-beat:{self.id}",
+                                daemon=True)
+        beat.start()
+        try:
+            return self._run()
+        finally:
+            self._beat_stop.set()
+
+    def _run(self) -> dict:
         try:
             self._start()
             loop = self.loop
@@ -227,6 +255,9 @@ class Worker:
             status = "stopped"
         except Crash:
             return {"worker": self.id, "status": "crashed", **self._stats, **self._where()}
+        except MemoryError as e:  # out of memory: the worker dies (and may be restarted)
+            return {"worker": self.id, "status": "died", "error": f"MemoryError: {e}",
+                    "op": self._op, **self._stats, **self._where()}
         except Stop:
             status = "stopped"
         except TaskError as e:  # the user's function or data: a located AF6xx error
@@ -250,6 +281,99 @@ class Worker:
         except (Crash, Exception):
             pass
         return {"worker": self.id, "status": status, **self._stats, **self._where()}
+
+    # ------------------------------------------------------------------ liveness
+    def _enter(self, op: str) -> None:
+        self._op, self._op_since = op, time.time()
+
+    def _hold(self, lease, lease_s) -> None:
+        with self._held_lock:
+            self._held[lease.id] = lease_s or None
+        self._progress += 1
+
+    def _ack(self, lease_id, cols=None) -> bool:
+        with self._held_lock:
+            self._held.pop(getattr(lease_id, "id", lease_id), None)
+        self._progress += 1
+        return self.store.ack(lease_id, cols) if cols is not None else self.store.ack(lease_id)
+
+    def _release(self, lease_id) -> bool:
+        with self._held_lock:
+            self._held.pop(getattr(lease_id, "id", lease_id), None)
+        return self.store.release(lease_id)
+
+    def stack(self) -> str:
+        """The Python stack of this worker's loop thread, now."""
+        frame = sys._current_frames().get(self._ident) if self._ident else None
+        return "".join(traceback.format_stack(frame)) if frame is not None else ""
+
+    def _heartbeat(self) -> None:
+        """While the worker runs: renew the leases it holds (one batched call per period, so a
+        slow COMPUTE keeps its rows) and tell the control where it is (op, since, progress; its
+        stack once an op has lasted ``stack_after_s``). Slow is not dead."""
+        last_renew, where_sent = 0.0, False
+        while not self._beat_stop.is_set():
+            with self._held_lock:
+                held = dict(self._held)
+            shortest = min([v or self.lease_s for v in held.values()] + [self.lease_s])
+            period = max(0.01, min(self.heartbeat_s, shortest / 3.0))
+            now = time.time()
+            try:
+                if held and now - last_renew >= max(period, shortest / 4.0):
+                    by_s: dict = {}
+                    for lid, ls in held.items():
+                        by_s.setdefault(ls, []).append(lid)
+                    for ls, ids in by_s.items():
+                        self.store.renew_many(ids, ls)
+                    last_renew = now
+                info = {"op": self._op, "op_since": self._op_since, "progress": self._progress,
+                        "time": now}
+                if not where_sent:
+                    info["where"] = self._where()
+                if now - self._op_since >= self.stack_after_s:
+                    info["stack"] = self.stack()
+                reply = self.control.beat(self.id, info)
+                where_sent = True
+                if reply and reply.get("stop"):
+                    self._stopped = True
+            except Exception:  # the control or the store is gone: the driver sees it
+                pass
+            self._beat_stop.wait(period)
+
+    # ------------------------------------------------------------------ faults (--inject)
+    def _step_of_rows(self, rows) -> int:
+        return int(rows[0]) // self.st.samples_per_step if rows else 0
+
+    def _due(self, f: dict, step: int) -> bool:
+        if f.get("at_s") is not None:
+            return time.time() - self.t0 >= float(f["at_s"])
+        return step >= int(f.get("at_step", 0))
+
+    def _inject(self, step: int, rows) -> None:
+        """Apply this worker's injected faults due at ``step`` (before COMPUTE's call)."""
+        for f in self.faults:
+            if f["kind"] == "nan" or not self._due(f, step):
+                continue
+            spec = f.get("spec", f["kind"])
+            if f["kind"] == "hang":  # no progress any more, until the run stops
+                self._enter("COMPUTE")
+                while not self._stopped and not self._crash:
+                    time.sleep(0.02)
+                self._check()
+                raise Stop()
+            if f["kind"] == "oom":
+                raise MemoryError(f"injected (--inject {spec})")
+            err = "RuntimeError: injected fault" if f["kind"] == "raise" else "SystemExit: 1"
+            raise TaskError("AF610", self.task, fn=self.task.fn or self.task.engine or self.task.kind,
+                            error=f"{err} (--inject {spec})", row=rows[0] if rows else 0,
+                            tb="".join(traceback.format_stack()))
+
+    def _nan(self, step: int, out: dict) -> dict:
+        """``nan@...``: every output value becomes NaN from the injected step on."""
+        if any(f["kind"] == "nan" and self._due(f, step) for f in self.faults):
+            return {k: ([math.nan] * len(v) if isinstance(v, (list, tuple)) else v)
+                    for k, v in out.items()}
+        return out
 
     def _where(self) -> dict:
         """Where this worker ran: host, pid, Ray node id (ray backend), pinned CPU cores."""
@@ -287,6 +411,8 @@ class Worker:
             self.adopter = Adopter(self.engine, self.models_in, self.use_ray)
         self.rec.span("START", 0, t)
         self._sync(force=True)
+        if self.opt.get("restarted") and self._newer and self.adopter is not None:
+            self._adopt(None, {})  # a restarted worker takes the newest weights before anything
 
     def _version(self) -> int | None:
         return self.adopter.version if self.adopter else None
@@ -306,6 +432,7 @@ class Worker:
         while not self._sync():
             it: dict = {}
             for op in self.body:
+                self._enter(op.kind)
                 if not self.ops[op.kind](op, it):
                     break
 
@@ -320,8 +447,11 @@ class Worker:
                 return
             it: dict = {"step": step}
             for op in self.body:
+                self._enter(op.kind)
                 self.ops[op.kind](op, it)
+            self._enter("ACK")
             self._end_step(it)
+            self._progress += 1
             step += 1
         self._sync(force=True)
 
@@ -354,8 +484,10 @@ class Worker:
                 it = {"lease": v["lease"], "rows": rows, "out": cols, "versions": versions,
                       "version": min(versions), "end": t}
                 for op in post:
+                    self._enter(op.kind)
                     if not self.ops[op.kind](op, it):
                         break
+                self._enter("COMPUTE")
 
         def pull(n: int):
             if self._sync():
@@ -365,9 +497,13 @@ class Worker:
                 return {}
             it: dict = {"pull": min(n, read.chunk or read.rows)}
             for op in pre:
+                self._enter(op.kind)
                 if not self.ops[op.kind](op, it):
                     last_empty[0] = time.time()
+                    self._enter("COMPUTE")
                     return {}
+            self._enter("COMPUTE")
+            self._inject(self._step_of_rows(it["rows"]), it["rows"])
             lease = it["lease"]
             lane = lanes.index(0) if 0 in lanes else len(lanes)
             if lane == len(lanes):
@@ -385,6 +521,8 @@ class Worker:
             self._check()
             r = int(row["_row"])
             lid = row_lease.pop(r)
+            row = self._nan(r // self.st.samples_per_step, row)
+            self._progress += 1
             leases[lid]["done"][r] = row
             in_flight[0] -= 1
             self.rec.occupancy(min(1.0, in_flight[0] / slots))
@@ -429,13 +567,14 @@ class Worker:
                                whole_groups=op.granularity == "group" and op.unit > 1,
                                group_size=op.unit, max_row=self._max_row(),
                                timeout=0.0 if gated or "pull" in it else self.timeout,
-                               lease_s=op.lease_s or None)
+                               lease_s=op.lease_s or None, owner=self.id)
         if lease is None:
             self._stats["empty_reads"] += 1
             self._idle = True
             if not gated and "pull" not in it:
                 time.sleep(self.backoff)
             return False
+        self._hold(lease, op.lease_s)
         self._check()
         self._stats["leases"] += 1
         version = self._version()
@@ -467,17 +606,18 @@ class Worker:
             lease = self.store.get(self.task.name, want, min_rows=want, max_row=hi,
                                    filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None,
                                    timeout=float(self.opt.get("train_read_timeout_s", 0.05)),
-                                   lease_s=op.lease_s or None, fields=self.fields)
+                                   lease_s=op.lease_s or None, fields=self.fields, owner=self.id)
             if lease is None:  # rows may have been dropped since (a filter)
                 alive = sps - self.control.dropped_rows(lo, hi)
                 continue
+            self._hold(lease, op.lease_s)
             self._check()
             versions = lease.columns.get("_version") or [None] * len(lease.rows)
             bad = [r for r, v in zip(lease.rows, versions) if not self.accept.accepts(step, v)]
             if self.loop == "train" and bad:  # gate rule 4: drop, count, read again
                 self.store.drop(bad, "staleness")
                 self.control.note_drops(bad, "staleness")
-                self.store.release(lease.id)
+                self._release(lease.id)
                 alive = sps - self.control.dropped_rows(lo, hi)
                 continue
             self._stats["leases"] += 1
@@ -496,20 +636,27 @@ class Worker:
 
     def _compute(self, op: Op, it: dict) -> bool:
         rows = it.get("rows", [])
+        step = it["step"] if it.get("step") is not None else self._step_of_rows(rows)
+        if self.faults:
+            self._inject(step, rows)
         t = self.rec.compute_begin()
         if self.loop == "train":  # a trainer's runner returns metrics, not columns
             it["metrics"] = self.call(self._to_roles(dict(it.get("cols") or {}))) if rows else {}
             version = it["step"]
         elif self.engine is not None:
-            it["out"] = self._to_fields(self.call(self._to_roles(it["cols"])), rows)
+            out = self.call(self._to_roles(it["cols"]))
+            it["out"] = self._to_fields(self._nan(step, out) if self.faults else out, rows)
             version = it["version"]
         else:
             out, it["keep"] = self.call(it["cols"])
+            if self.faults:
+                out = self._nan(step, out)
             it["out"] = {f: out.get(f) for f in self.task.outputs}
             check_outputs(self.task, it["out"], self.out_types, rows)
             version = it["version"]
         it["end"] = end = self.rec.compute_end()
         it["compute_s"] = end - t
+        self._progress += 1
         self._check()
         if it.get("step") is None and self.gate is not None:
             it["step"] = self.gate.step_of(rows[0])
@@ -528,7 +675,7 @@ class Worker:
             if stale:
                 self._stats["stale_dropped"] += len(stale)
                 self._drops.append((stale, "regenerated"))
-                self.store.release(lease.id)
+                self._release(lease.id)
                 return False
             cols["_version"] = versions
         keep = it.get("keep")
@@ -537,7 +684,7 @@ class Worker:
             if gone:
                 self.store.drop(gone, self.task.name)
                 self.control.note_drops(gone, "filter")
-        self.store.ack(lease.id, cols)
+        self._ack(lease.id, cols)
         self._stats["rows"] += len(rows)
         if self.task.kind == "reward" and self.task.outputs:
             self._rewards.append((list(rows), list(cols[self.task.outputs[0]])))
@@ -559,7 +706,7 @@ class Worker:
         """A train step is done: ack its rows, checkpoint, report."""
         step, rows = it["step"], it.get("rows", [])
         for lease in it.get("leases", []):
-            self.store.ack(lease.id)
+            self._ack(lease.id)
         self._stats["rows"] += len(rows)
         cols = it.get("cols") or {}
         versions = cols.get("_version") or [None] * len(rows)

@@ -222,6 +222,11 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
                 d.add("AF321", t.locs.get(key, _at(t, "pool")), task=t.name,
                       need=t.replicas * t.devices_per_replica, replicas=t.replicas,
                       dpr=t.devices_per_replica, pool=t.pool, devices=pool.devices)
+        if t.kind == "train" and t.replicas > 1 and t.engine != "deepspeed":
+            # a train replica trains the whole step on its own copy: two would not split the
+            # rows (asyncflow.runtime.worker); deepspeed runs data parallel itself
+            d.add("AF327", t.locs.get("replicas", t.loc), task=t.name, replicas=t.replicas,
+                  engine=t.engine)
         if t.estimator is not None and t.kind == "advantage":
             _estimator(graph, t, ESTIMATORS, d)
         if t.loss is not None and t.kind == "train" and t.loss not in LOSSES:

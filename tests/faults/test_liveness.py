@@ -1,0 +1,41 @@
+"""Slow is not dead (leases renewed while a worker computes); a hang is found by the watchdog."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.faults.common import SPS, check_rows, no_orphans, run_cli
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_slow_reward_with_short_lease_finishes(tmp_path, backend):
+    # 20 ms a sample, 32-row batches: a batch takes ~0.6 s, twice the 0.3 s lease. Before the
+    # heartbeat renewed leases the rows were re-issued forever and the run never ended.
+    # (Ray: 50 ms a sample and a 1 s lease, so a loaded machine's call latency is no factor)
+    lease, fn = ("0.3", "slow") if backend == "local" else ("1.0", "slower")
+    r, wall = run_cli(tmp_path, "--lease-s", lease, backend=backend, steps=3,
+                      sets=[f"tasks.score.fn=faultfns:{fn}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "leases re-issued       │              0" in r.stdout.replace("\u2502", "│"), r.stdout
+    check_rows(tmp_path / "run", 3)
+    if backend == "ray":
+        no_orphans(r.marker)
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_hang_is_reported_with_task_op_and_stack(tmp_path, backend):
+    r, wall = run_cli(tmp_path, "--inject", "hang@step1:score", "--stall-timeout", "3",
+                      backend=backend, steps=6)
+    assert r.returncode == 1, r.stderr[-3000:]
+    err = r.stderr
+    assert "AF630" in err and "worker score/0 (task 'score')" in err and "COMPUTE" in err, err
+    assert "_inject" in err and "Its stack" in err, err  # the worker's Python stack
+    assert wall < 60
+    run = tmp_path / "run"
+    assert (run / "trace.json").exists()
+    workers = json.loads((run / "workers.json").read_text())
+    assert set(workers) >= {"score/0", "update/0"}
+    if backend == "ray":
+        no_orphans(r.marker)
