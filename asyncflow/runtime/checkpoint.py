@@ -204,7 +204,7 @@ def start_rows_at(store, first_row: int) -> None:
     if shards is not None:
         import ray
 
-        ray.get(shards[0].next_row.remote(int(first_row)))
+        ray.get(shards[0].next_row.remote(int(first_row)), timeout=120.0)  # bounded, as every call
         return
     with store._cv:
         store._next_row = max(store._next_row, int(first_row))

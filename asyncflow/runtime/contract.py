@@ -78,6 +78,8 @@ def check_outputs(task, cols: dict, fields: Sequence[tuple[str, str]], rows: Seq
             raise TaskError("AF611", task, field=f, problem=f"returned {len(col)} values for {n} rows",
                             row=rows[0] if n else 0)
         for r, v in zip(rows, col):
+            if v is None and type_ not in ("any", "data"):  # an engine that left a row out
+                raise TaskError("AF611", task, field=f, problem="returned no value", row=r)
             why = problem(v, type_)
             if why is not None:
                 raise TaskError("AF612", task, field=f, problem=why, row=r)
