@@ -23,6 +23,16 @@ class SourceLoc:
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
 
+    @classmethod
+    def parse(cls, text: str | None, width: int = 0) -> "SourceLoc | None":
+        """``"file:line:col"`` (how a plan carries locations) back to a SourceLoc spanning
+        ``width`` columns; None when ``text`` is not one."""
+        file, _, col = str(text or "").rpartition(":")
+        file, _, line = file.rpartition(":")
+        if file and line.isdigit() and col.isdigit():
+            return cls(file, int(line), int(col), int(line), int(col) + width)
+        return None
+
 
 class Sources:
     """The texts of the sources read so far, so a diagnostic can quote its line."""

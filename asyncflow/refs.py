@@ -31,6 +31,16 @@ def search_path(pipeline_file: str | os.PathLike | None) -> list[str]:
     return list(dict.fromkeys(str(x.resolve()) for x in out))
 
 
+def find_file(path: str, paths: Sequence[str]) -> Path | None:
+    """A data or model file as ``check`` and ``run`` both find it: as given when absolute, else
+    the first of ``paths`` (:func:`search_path`) that has it; None when none does."""
+    p = Path(path).expanduser()
+    for c in ([p] if p.is_absolute() else [Path(b) / p for b in paths]):
+        if c.exists():
+            return c
+    return None
+
+
 _LOCK = threading.Lock()
 
 
@@ -207,6 +217,16 @@ def call_params(fn: Callable) -> Params | None:
                   any(p.kind is P.VAR_POSITIONAL for p in sig.parameters.values()),
                   tuple(p.name for p in sig.parameters.values() if p.kind is P.KEYWORD_ONLY),
                   any(p.kind is P.VAR_KEYWORD for p in sig.parameters.values()))
+
+
+def accepted(fn: Callable, args: dict | None) -> dict:
+    """The ``args`` that ``fn`` accepts as keywords (all of them if it takes ``**kwargs``, or
+    when its signature cannot be read)."""
+    args = dict(args or {})
+    params = call_params(fn)
+    if params is None:
+        return args
+    return {k: v for k, v in args.items() if params.accepts(k)}
 
 
 def arity_problem(params: Params, n_inputs: int, arg_names: Sequence[str],

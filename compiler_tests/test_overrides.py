@@ -4,7 +4,7 @@ import pytest
 from asyncflow.diagnostics import Diagnostics
 from asyncflow.dsl.load import load_file, load_text
 from asyncflow.errors import UserError
-from asyncflow.overrides import typed
+from asyncflow.dsl.overrides import typed
 
 GRPO = "pipelines/grpo_digits.yaml"
 

@@ -42,7 +42,6 @@ context the sampler saw at every agent token, so behaviour and recomputed log-pr
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -88,15 +87,10 @@ def resolve_factory(target: str | Callable, paths=()) -> Callable:
 
 
 def accepted_kwargs(fn: Callable, args: dict | None) -> dict:
-    """The ``args`` that ``fn`` accepts as keywords (all of them if it takes ``**kwargs``)."""
-    args = dict(args or {})
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return args
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return args
-    return {k: v for k, v in args.items() if k in params}
+    """The ``args`` that ``fn`` accepts as keywords (:func:`asyncflow.refs.accepted`)."""
+    from asyncflow.refs import accepted
+
+    return accepted(fn, args)
 
 
 def _prompt_ids(tokenizer, observation) -> list[int]:

@@ -151,7 +151,7 @@ class ActorProxy:
         method = getattr(self._h, name)
 
         def call(*a, **k):
-            limit = self._timeout + float(k.get("wait_s") or (a[4] if name == "sync" and len(a) > 4 else 0) or 0)
+            limit = self._timeout + float(k.get("wait_s") or 0)  # a call that waits says so
             try:
                 return ray.get(method.remote(*a, **k), timeout=limit)
             except ray.exceptions.GetTimeoutError:
@@ -305,11 +305,7 @@ def source_loc(text: str, fallback: str = "<plan>", width: int = 0):
     ``width`` columns; the start of ``fallback`` when the plan has no location."""
     from asyncflow.loc import SourceLoc
 
-    file, _, col = str(text or "").rpartition(":")
-    file, _, line = file.rpartition(":")
-    if file and line.isdigit() and col.isdigit():
-        return SourceLoc(file, int(line), int(col), int(line), int(col) + width)
-    return SourceLoc(fallback, 1, 1)
+    return SourceLoc.parse(text, width) or SourceLoc(fallback, 1, 1)
 
 
 def cpu_cores(plan, ncpu: int) -> dict[str, list[int]]:

@@ -23,23 +23,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sys
 from typing import Callable
 
 from asyncflow import refs
 from asyncflow.plan import Plan
-
-
-def _loc(text: str):
-    from asyncflow.loc import SourceLoc
-
-    file, _, col = (text or "").rpartition(":")
-    file, _, line = file.rpartition(":")
-    if file and line.isdigit() and col.isdigit():
-        return SourceLoc(file, int(line), int(col))
-    return None
 
 
 def load_prompts(plan: Plan, paths: list[str] | None = None,
@@ -57,8 +46,10 @@ def load_prompts(plan: Plan, paths: list[str] | None = None,
     src = plan.data[0]
     s = src.source
     locs = src.locs or {}
-    here = _loc(locs.get("")) or SourceLoc(plan.source_file or "<plan>", 1, 1)
-    at_source = _loc(locs.get("source")) or here
+    here = SourceLoc.parse(locs.get("")) or SourceLoc(plan.source_file or "<plan>", 1, 1)
+    at_source = SourceLoc.parse(locs.get("source")) or here
+    if paths is None:
+        paths = refs.search_path(plan.source_file or None)
     sources = Sources()  # the texts an error may quote: the pipeline file, the data file
     sources.add_file(here.file)
 
@@ -67,10 +58,7 @@ def load_prompts(plan: Plan, paths: list[str] | None = None,
 
     try:
         if s.endswith((".jsonl", ".json", ".parquet")):
-            path = s
-            if not os.path.isabs(s):
-                beside = os.path.join(os.path.dirname(plan.source_file or ""), s)
-                path = beside if os.path.exists(beside) else s
+            path = str(refs.find_file(s, paths) or s)
             if s.endswith(".jsonl"):
                 rows = datasets.jsonl(path)
             elif s.endswith(".parquet"):
@@ -79,8 +67,6 @@ def load_prompts(plan: Plan, paths: list[str] | None = None,
                 with open(path) as f:
                     rows = json.load(f)
         else:
-            if paths is None:
-                paths = refs.search_path(plan.source_file or None)
             rows = list(refs.resolve(s, paths)(**(src.args or {})))
     except (OSError, ValueError, ImportError, TypeError) as e:
         reason = str(e)
@@ -100,7 +86,7 @@ def load_prompts(plan: Plan, paths: list[str] | None = None,
         if not isinstance(r, dict):
             raise fail("AF601", at_source, reason=f"row {i} is {type(r).__name__}, not a mapping")
         for j, f in enumerate(fields):
-            at = _loc(locs.get(f"fields.{j}")) or here
+            at = SourceLoc.parse(locs.get(f"fields.{j}")) or here
             if f not in r:
                 raise fail("AF603", at, row=i, field=f)
             if r[f] is None:
@@ -110,6 +96,8 @@ def load_prompts(plan: Plan, paths: list[str] | None = None,
 
 
 def _check_epochs(plan: Plan, src, n: int, warn, fail) -> None:
+    from asyncflow.loc import SourceLoc
+
     need = plan.step.steps * plan.step.prompts_per_step
     if n >= need:
         return
@@ -119,7 +107,7 @@ def _check_epochs(plan: Plan, src, n: int, warn, fail) -> None:
                           f"steps x {plan.step.prompts_per_step} prompts need {need:,}: the run "
                           f"reads them {passes} times (say `epochs: {passes}` to silence this)")
     elif src.epochs * n < need:
-        raise fail("AF606", _loc((src.locs or {}).get("epochs")), rows=n, epochs=src.epochs,
+        raise fail("AF606", SourceLoc.parse((src.locs or {}).get("epochs")), rows=n, epochs=src.epochs,
                    have=src.epochs * n, need=need, steps=plan.step.steps, pps=plan.step.prompts_per_step,
                    passes=passes)
 

@@ -39,7 +39,7 @@ from typing import Any, Callable
 from asyncflow import refs
 from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan
-from asyncflow.runtime.backends import make_backend, source_loc
+from asyncflow.runtime.backends import make_backend
 from asyncflow.runtime.store import StoreLost
 from asyncflow.runtime.trace import MetricsLog, mean_std, write_trace
 
@@ -154,15 +154,11 @@ def worker_error(wid: str, msg, tb: str) -> AsyncflowError:
             return fault("AF632", tb, what=what, cause=f"{msg} (seen by worker {wid})")
         return RunError(f"worker {wid} failed: {msg}", tb)
     from asyncflow.diagnostics import error
-    from asyncflow.loc import Sources
+    from asyncflow.loc import SourceLoc, Sources
 
-    loc, sources = None, Sources()
-    if msg.get("loc"):
-        loc = source_loc(msg["loc"], "")
-        if loc.file:
-            sources.add_file(loc.file)
-        else:
-            loc = None
+    loc, sources = SourceLoc.parse(msg.get("loc")), Sources()
+    if loc is not None:
+        sources.add_file(loc.file)
     fields = {k: v for k, v in msg["fields"].items() if k != "tb"}
     e = error(msg["code"], loc, f"in worker {wid}", sources=sources, **fields)
     e.details = msg["fields"].get("tb") or tb

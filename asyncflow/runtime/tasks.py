@@ -24,18 +24,10 @@ from __future__ import annotations
 import traceback
 from typing import Any, Callable, Sequence
 
-from asyncflow.refs import call_params, resolve
+from asyncflow.refs import accepted, call_params, resolve
 from asyncflow.runtime.contract import TaskError
 
 Columns = dict[str, list]
-
-
-def _accepted(fn: Callable, args: dict) -> dict:
-    """The ``args`` that ``fn`` accepts as keywords (all of them if it takes ``**kwargs``)."""
-    params = call_params(fn)
-    if params is None:
-        return dict(args)
-    return {k: v for k, v in args.items() if params.accepts(k)}
 
 
 def _n(batch: Columns) -> int:
@@ -72,7 +64,7 @@ class FnRunner:
     def __init__(self, task, paths: Sequence[str] = ()):
         self.task = task
         self.fn = resolve(task.fn, paths)
-        self.kwargs = _accepted(self.fn, task.args or {})
+        self.kwargs = accepted(self.fn, task.args or {})
 
     def __call__(self, batch: Columns) -> tuple[Columns, None]:
         t, n = self.task, _n(batch)
@@ -121,7 +113,7 @@ class FilterRunner:
     def __init__(self, task, paths: Sequence[str] = ()):
         self.task = task
         self.fn = resolve(task.fn, paths)
-        self.kwargs = _accepted(self.fn, task.args or {})
+        self.kwargs = accepted(self.fn, task.args or {})
         params = call_params(self.fn)
         self.groups = params is None or params.accepts("groups")
 

@@ -47,7 +47,7 @@ from asyncflow.engines.base import EngineSpec, load_engine_class
 from asyncflow.plan import Op, Plan
 from asyncflow.runtime.contract import TaskError, check_outputs
 from asyncflow.runtime.gate import Gate
-from asyncflow.runtime.tasks import _accepted, runner_for
+from asyncflow.runtime.tasks import runner_for
 from asyncflow.runtime.trace import Recorder
 from asyncflow.runtime.weights import Adopter, publish
 
@@ -82,10 +82,10 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              "temperature": _rollout_temperature(plan), "search_path": list(paths)}
     env = getattr(task, "env", None)
     if env:  # a multi-turn rollout: the environment factory and the task args it accepts
-        from asyncflow.refs import resolve
+        from asyncflow.refs import accepted, resolve
 
         extra["env"] = env
-        extra["env_args"] = _accepted(resolve(env, paths), dict(task.args or {}))
+        extra["env_args"] = accepted(resolve(env, paths), task.args)
     roles_in = tuple(dict.fromkeys(r for _, r in task.bind_in if r != "keep"))
     return EngineSpec(
         task=task.name, kind=task.kind, model=mdict, args=dict(task.args or {}),
@@ -208,7 +208,7 @@ class Worker:
         state = {"busy": self.rec.busy(), "exposed_s": self.adopter.exposed_s if self.adopter else 0.0,
                  "rewards": self._rewards, "drops": self._drops, "stats": dict(self._stats)}
         self._rewards, self._drops = [], []
-        reply = self.control.sync(self.id, self.rec.drain(), state, known, wait_s)
+        reply = self.control.sync(self.id, self.rec.drain(), state, known, wait_s=wait_s)
         self._stopped = bool(reply.get("stop"))
         if reply.get("newer"):
             self._newer = reply["newer"]
@@ -228,9 +228,12 @@ class Worker:
         return out
 
     def _to_fields(self, out: dict, rows) -> dict:
-        """An engine's columns (keyed by role) -> the task's output fields, checked against
-        their types (a missing output, a wrong length, NaN: AF611/AF612)."""
-        cols = {f: out.get(r) for f, r in self.roles_out}
+        """An engine's columns (keyed by role) -> the task's output fields, checked."""
+        return self._checked({f: out.get(r) for f, r in self.roles_out}, rows)
+
+    def _checked(self, cols: dict, rows) -> dict:
+        """``cols`` (the task's output fields) checked against their roles' types (a missing
+        output, a wrong length, NaN: AF611/AF612)."""
         check_outputs(self.task, cols, self.out_types, list(rows))
         return cols
 
@@ -291,15 +294,17 @@ class Worker:
             self._held[lease.id] = lease_s or None
         self._progress += 1
 
-    def _ack(self, lease_id, cols=None) -> bool:
+    def _unhold(self, lease_id) -> None:
         with self._held_lock:
-            self._held.pop(getattr(lease_id, "id", lease_id), None)
+            self._held.pop(lease_id, None)
+
+    def _ack(self, lease_id, cols=None) -> bool:
+        self._unhold(lease_id)
         self._progress += 1
         return self.store.ack(lease_id, cols) if cols is not None else self.store.ack(lease_id)
 
     def _release(self, lease_id) -> bool:
-        with self._held_lock:
-            self._held.pop(getattr(lease_id, "id", lease_id), None)
+        self._unhold(lease_id)
         return self.store.release(lease_id)
 
     def stack(self) -> str:
@@ -651,8 +656,7 @@ class Worker:
             out, it["keep"] = self.call(it["cols"])
             if self.faults:
                 out = self._nan(step, out)
-            it["out"] = {f: out.get(f) for f in self.task.outputs}
-            check_outputs(self.task, it["out"], self.out_types, rows)
+            it["out"] = self._checked({f: out.get(f) for f in self.task.outputs}, rows)
             version = it["version"]
         it["end"] = end = self.rec.compute_end()
         it["compute_s"] = end - t

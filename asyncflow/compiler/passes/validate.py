@@ -27,7 +27,7 @@ from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
 from asyncflow.kinds import KINDS, REF_KEYS
-from asyncflow.refs import find_module, top_level_names
+from asyncflow.refs import find_file, find_module, search_path, top_level_names
 
 # the keys each kind needs and takes, and which kinds must write something: the kinds table
 KEYS = {k: (v.needs, v.takes) for k, v in KINDS.items()}
@@ -276,18 +276,14 @@ def _trainers(p: ast.Pipeline, trainers: dict, losses: dict, d: Diagnostics) -> 
 
 
 # -- 4. references and files ----------------------------------------------------------------------
-def _bases(p: ast.Pipeline) -> list[Path]:
-    """Where relative paths and local modules are looked up: the pipeline's directory, the CWD."""
-    out = [Path(p.path).parent if p.path else Path("."), Path(".")]
-    return list(dict.fromkeys(x.resolve() for x in out))
+def _bases(p: ast.Pipeline) -> list[str]:
+    """Where relative paths and local modules are looked up, as ``run`` looks: the pipeline's
+    directory, the CWD (:func:`asyncflow.refs.search_path`)."""
+    return search_path(p.path or None)
 
 
 def _find_file(p: ast.Pipeline, v: str) -> Path | None:
-    path = Path(v).expanduser()
-    for c in ([path] if path.is_absolute() else [b / path for b in _bases(p)]):
-        if c.exists():
-            return c
-    return None
+    return find_file(v, _bases(p))
 
 
 def _where(p: ast.Pipeline, v: str) -> str:
@@ -298,7 +294,7 @@ def _where(p: ast.Pipeline, v: str) -> str:
 
 def _check_ref(p: ast.Pipeline, ref: str, key: str, loc: SourceLoc, d: Diagnostics) -> None:
     module, _, attr = ref.partition(":")
-    spec = find_module(module, [str(b) for b in _bases(p)])
+    spec = find_module(module, _bases(p))
     if spec is None:
         d.add("AF340", loc, f"not found on sys.path nor in {_where(p, 'x')}", module=module, key=key,
               ref=ref)
