@@ -26,6 +26,8 @@ import pytest
 
 from asyncflow import kinds
 from asyncflow.engines.base import load_engine_class
+from asyncflow.plan import Plan
+from asyncflow.runtime.worker import serves
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
@@ -82,8 +84,9 @@ def check(out: str) -> None:
         loop = kinds.KINDS[kind_of[task_of[wid]]].loop
         reads = [e for e in es if e["name"] == "READ"]
         engine = engines[task_of[wid]]
-        serves = loop == "serve" and engine and hasattr(load_engine_class(engine), "serve")
-        most = read["chunk"] if serves else read["rows"]
+        serve = (loop == "serve" and engine
+                 and serves(Plan.from_dict(plan).task(task_of[wid]), load_engine_class(engine)))
+        most = read["chunk"] if serve else read["rows"]
         for e in reads:
             n = e["args"]["rows"]
             assert 1 <= n <= most, (wid, n, read)

@@ -82,6 +82,56 @@ class Trainer(Protocol):
     def load(self, directory: str) -> None: ...
 
 
+# -- scheduling (docs/language.md, "Scheduling keys") ----------------------------------------
+#
+# Optional methods; the worker uses them when an engine has them and the plan asks for them.
+#
+# Rollout, ``schedule: queue``:
+#   ``serve(pull, emit)``: continuous batching across calls. ``pull(k)`` returns a role-keyed
+#   column batch of at most ``k`` new rows (``_row``, ``_group`` included; ``{}`` when none is
+#   ready yet) or raises to stop; ``emit(row)`` receives each finished sample as one dict
+#   ``{"_row", "_version", role: value, ...}`` the moment it finishes. ``_version`` is the
+#   *oldest* policy version that produced any of its tokens. ``self.slots``: requests in flight.
+#   ``pull`` is called at least every few milliseconds even when no slot is free (then with
+#   ``k = 0``). The batch it returns may carry ``"_cancel"``: in-flight rows dropped elsewhere
+#   (a redundant group the step did not need, a sample grown too stale); they leave their slots
+#   at once and are never emitted (count them in ``self.cancelled``).
+#   ``update_weights(weights, version)`` may be called from inside ``pull`` while samples are in
+#   flight; ``spec.extra["on_update"]`` says what happens to them: ``"continue"`` (keep their
+#   tokens and KV cache, go on with the new weights; ``_version`` stays the oldest), ``"abort"``
+#   (restart them from their prompt with the new weights; ``_version`` the new one; counted in
+#   ``self.aborted``). ``"finish"``: the worker calls ``update_weights`` only when nothing is in
+#   flight (it stops admitting and drains first), so an engine need do nothing special.
+#
+# Trainer, ``stream: true``:
+#   ``train_stream(micro_batches) -> metrics``: one optimiser step over an *iterable* of
+#   role-keyed micro-batches that the worker yields as their rows become ready (it blocks on the
+#   store between them): forward and backward per micro-batch as it arrives, then one clip and
+#   step. The loss normaliser (the step's token or sequence count) is known only at the end, so
+#   gradients are accumulated unnormalised and scaled once; the result equals ``train_step`` on
+#   the concatenated rows up to floating-point summation order. Same metrics as ``train_step``.
+
+
+@runtime_checkable
+class TurnServer(Protocol):
+    """A queue of generation requests served by continuous batching (one agent turn or one
+    single-turn sample each): what :func:`asyncflow.engines.multiturn.serve_episodes` drives.
+
+    ``submit(key, prefix_ids)`` queues a request (``key`` any hashable); ``poll(timeout_s)``
+    advances generation (admitting queued requests into free slots) and returns the requests
+    finished since, as ``(key, ids, logprobs, version)`` (``version``: the oldest policy version
+    among its tokens), waiting at most ``timeout_s`` when none finished; ``cancel(keys)`` drops
+    queued or running requests; ``in_flight()`` counts queued + running; ``slots`` is how many
+    run at once."""
+
+    slots: int
+
+    def submit(self, key: Any, prefix_ids: list[int]) -> None: ...
+    def poll(self, timeout_s: float) -> list[tuple[Any, list[int], list[float], int]]: ...
+    def cancel(self, keys: list) -> int: ...
+    def in_flight(self) -> int: ...
+
+
 def engine_names() -> dict[str, str]:
     """name -> "module:Class", built-ins first, then entry points (never imports an engine)."""
     names = dict(BUILTIN)

@@ -196,6 +196,18 @@ class HFEngine:
             out_lps.append(logps[i, :length].tolist())
         return out_ids, out_lps
 
+    # -- continuous batching (schedule: queue): asyncflow/engines/hf_serve.py ---------------
+    # (this block belongs to hf_serve's owner: serve delegates, nothing else here)
+    @property
+    def slots(self) -> int:
+        return int(self.args.get("slots", 32))
+
+    def serve(self, pull, emit):
+        from asyncflow.engines import hf_serve
+
+        return hf_serve.serve(self, pull, emit)
+    # -- end of hf_serve's block -----------------------------------------------------------
+
     def update_weights(self, weights, version: int) -> None:
         """Load a state dict from a trainer's :meth:`export_weights`; takes effect at once."""
         self._load_state(weights)

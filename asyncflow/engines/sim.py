@@ -186,6 +186,10 @@ class SimEngine:
 
     def generate(self, batch: Columns) -> Columns:
         """All rows through ``slots`` slots; sleeps the slot makespan once, returns the outputs."""
+        if self.spec.extra.get("env"):  # multi-turn, lock-step (asyncflow/engines/sim_turns.py)
+            from asyncflow.engines import sim_turns
+
+            return sim_turns.generate(self, batch)
         done = self.schedule(batch)
         self._sleep(done[-1][0] if done else 0.0)
         return self._outputs(batch, self.spec.outputs or ("response", "logprobs"))
@@ -216,6 +220,10 @@ class SimEngine:
         ``pull(k)`` returns a column batch of at most ``k`` rows (empty when none is ready yet)
         or ``None`` when no more rows will come; ``emit(row)`` receives each finished sample as
         ``{"_row", "_group"?, "_version", output fields...}``. Returns the number served."""
+        if self.spec.extra.get("env"):  # multi-turn, one state machine per episode (sim_turns)
+            from asyncflow.engines import sim_turns
+
+            return sim_turns.serve(self, pull, emit)
         names = self.spec.outputs or ("response", "logprobs")
         flight: list = []  # (finish wall time, seq, row dict)
         seq = served = 0

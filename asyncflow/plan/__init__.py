@@ -42,6 +42,12 @@ class StepPlan:
     samples_per_prompt: int
     samples_per_step: int
     steps: int
+    # groups fed per step: ceil(prompts_per_step * redundancy) of the gated rollout (0: as
+    # prompts_per_step); the trainer takes prompts_per_step of them, the rest are cancelled
+    launch_groups: int = 0
+    # drop reasons whose groups are replaced by new prompts ("filter" with refill: true,
+    # "staleness" with consume: first_ready), so every step still trains prompts_per_step groups
+    replace: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -107,6 +113,13 @@ class TaskPlan:
     bind_in: list = field(default_factory=list)  # [field, role] of each input (bind pass)
     bind_out: list = field(default_factory=list)  # [field, role] of each output
     loc: str = ""  # "file:line:col" where the task is defined (for run-time errors)
+    # scheduling keys (docs/language.md, "Scheduling keys"); "" / defaults where they do not apply
+    schedule: str = ""  # rollout: "queue" (continuous batching) | "batch" (whole batches)
+    redundancy: float = 1.0  # rollout: groups launched per step / groups trained per step
+    on_update: str = ""  # rollout: "finish" | "abort" | "continue" (in-flight samples)
+    consume: str = ""  # train: "in_order" | "first_ready"
+    stream: bool = False  # train: forward/backward per micro-batch as its rows become ready
+    refill: bool = False  # filter: filtered groups are replaced by new prompts
 
 
 @dataclass

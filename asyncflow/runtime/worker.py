@@ -93,6 +93,14 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
         seed=plan.seed, replica=replica, replicas=task.replicas, extra=extra)
 
 
+def serves(task, engine_cls) -> bool:
+    """Whether a rollout runs the ``serve`` loop (continuous batching): ``schedule: queue`` on
+    an engine class that has ``serve``; otherwise whole batches."""
+    if not hasattr(engine_cls, "serve") or task.schedule == "batch":
+        return False
+    return task.schedule == "queue" or (not task.schedule and task.engine == "sim")
+
+
 def _rollout_temperature(plan: Plan) -> float:
     for t in plan.tasks:
         if t.kind == "rollout" and "temperature" in (t.args or {}):
@@ -252,8 +260,8 @@ class Worker:
         try:
             self._start()
             loop = self.loop
-            if loop == "serve" and not hasattr(self.engine, "serve"):
-                loop = "batches"  # an engine without continuous batching
+            if loop == "serve" and not serves(self.task, type(self.engine)):
+                loop = "batches"  # schedule: batch, or an engine without continuous batching
             self.loops[loop]()
             status = "stopped"
         except Crash:
