@@ -4,7 +4,8 @@ A field's name is the user's label; its meaning is the *role* of the slot that p
 (docs/language.md, "Field names are the user's"). This module is the one place that says, for every
 task kind and for every advantage estimator and loss:
 
-- the keys the kind needs and takes (``needs`` / ``takes``);
+- the keys the kind needs and takes (``needs`` / ``takes``), the scheduling keys among them
+  (:data:`SCHED_KEYS`: their values and defaults, docs/language.md "Scheduling keys");
 - the roles it writes, in the order its ``outputs`` list them (``outputs``), each with a type;
 - the roles it reads (``inputs``): a slot per role, with the producer roles it accepts, whether
   it is optional, and whether it takes several fields (``many``); ``None`` for the kinds whose
@@ -176,7 +177,7 @@ class Kind:
     name: str
     doc: str
     needs: tuple[str, ...]  # keys it must have
-    takes: tuple[str, ...] = ()  # further reference keys it may have
+    takes: tuple[str, ...] = ()  # further keys it may have: references, scheduling keys
     signature: Signature | None = None  # None: from its estimator (advantage) or loss (train)
     granularity: str = "sample"  # what it needs on its inputs by default (overlap pass)
     loop: str = "batches"  # the worker loop: batches | serve (rollouts that can) | train
@@ -192,7 +193,7 @@ _ROLLOUT_OUT = ("response", "logprobs")
 
 KINDS = {k.name: k for k in (
     Kind("rollout", "samples responses to prompts with the policy",
-         ("engine", "model", "pool"), ("env",),
+         ("engine", "model", "pool"), ("env", "schedule", "redundancy", "on_update"),
          Signature((Slot("prompt", ("data", "custom", "response"),
                          doc="the prompt (the first input)"),
                     Slot("context", ("data", "custom", "reward", "info"), optional=True, many=True,
@@ -215,10 +216,11 @@ KINDS = {k.name: k for k in (
     Kind("advantage", "advantages (and returns) from rewards with an estimator",
          ("estimator",), ("pool",), None, runner="estimator"),
     Kind("train", "updates a model's weights with a loss; publishes new versions",
-         ("engine", "model", "pool", "loss"), (), None, granularity="micro_batch", loop="train",
+         ("engine", "model", "pool", "loss"), ("consume", "stream"), None,
+         granularity="micro_batch", loop="train",
          runner="engine.train_step", engine=True, needs_outputs=False, order=4),
     Kind("filter", "keeps or drops whole groups with a user function (e.g. DAPO's)",
-         ("fn",), ("pool",), Signature(None, ("keep",), more_outputs="keep"),
+         ("fn",), ("pool", "refill"), Signature(None, ("keep",), more_outputs="keep"),
          granularity="group", runner="filter", fn_inputs=True),
     Kind("custom", "any user function over rows or batches",
          ("fn",), ("pool",), Signature(None, ("custom",), more_outputs="custom"),
@@ -228,6 +230,36 @@ KINDS = {k.name: k for k in (
 TASK_KINDS = tuple(KINDS)
 ENGINE_KINDS = tuple(k for k, v in KINDS.items() if v.engine)
 REF_KEYS = ("engine", "model", "pool", "fn", "estimator", "loss", "env")
+
+
+# -- scheduling keys (docs/language.md, "Scheduling keys") -----------------------------------------
+@dataclass(frozen=True)
+class SchedKey:
+    """A scheduling key: its values (``choices``; () for a number or a bool) and its default
+    where a kind takes it (None: computed, see :func:`asyncflow.compiler.passes.scheduling`).
+    Which kinds take it: their ``takes``; what it means: ``asyncflow.schema.KEY_DOCS``."""
+
+    name: str
+    type: str  # choice | num | bool
+    default: object = None
+    choices: tuple[str, ...] = ()
+    min: float | None = None
+
+
+SCHED = {s.name: s for s in (
+    SchedKey("schedule", "choice", "queue", ("queue", "batch")),  # rollout
+    SchedKey("redundancy", "num", 1.0, min=1.0),  # rollout: groups launched / groups trained
+    SchedKey("on_update", "choice", "finish", ("finish", "abort", "continue")),  # rollout
+    SchedKey("consume", "choice", "in_order", ("in_order", "first_ready")),  # train
+    SchedKey("stream", "bool", None),  # train: default args.micro_batch < samples_per_step
+    SchedKey("refill", "bool", True),  # filter
+)}
+SCHED_KEYS = tuple(SCHED)
+
+
+def sched_owners(key: str) -> tuple[str, ...]:
+    """The kinds that take the scheduling key ``key``."""
+    return tuple(k for k, v in KINDS.items() if key in v.needs + v.takes)
 
 
 def signature(kind: str, estimator: str | None = None, loss: str | None = None,

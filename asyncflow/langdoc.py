@@ -40,6 +40,7 @@ checker uses, and so does the JSON Schema [`asyncflow.schema.json`](asyncflow.sc
 - [Advantage estimators](#advantage-estimators)
 - [Losses](#losses)
 - [Roles and types](#roles-and-types)
+- [Scheduling keys](#scheduling-keys)
 - [Field names are the user's (binding by meaning)](#field-names-are-the-users-binding-by-meaning)
 - [Calling conventions for user functions](#calling-conventions-for-user-functions)
 - [Editor support](#editor-support)
@@ -64,6 +65,54 @@ order their `inputs` list them.
 `asyncflow compile FILE` shows each task's bindings: which field fills which slot, and the role
 and type of each field.
 """
+
+SCHEDULING_HEAD = """## Scheduling keys
+
+How samples are generated, which ones a train step takes and when it trains them. They change
+the schedule, never the dataflow graph; each kind takes only its own (another kind's is an error,
+AF326), and a key that can do nothing in a pipeline is warned about (AF380-AF383).
+
+```yaml
+tasks:
+  generate:
+    kind: rollout
+    schedule: queue        # queue (default) | batch
+    redundancy: 1.25       # launch 25% more groups than a step needs (default 1.0: none)
+    on_update: finish      # finish (default) | abort | continue
+  keep_variance:
+    kind: filter
+    refill: true           # filtered groups are replaced by new prompts (default true)
+  update:
+    kind: train
+    consume: in_order      # in_order (default) | first_ready
+    stream: true           # default: true when args.micro_batch < the step's samples
+```
+"""
+
+SCHEDULING_TAIL = """A step launches `ceil(prompts_per_step * redundancy)` groups, with the largest redundancy
+among the rollouts on a model some train task updates (a rollout's `queue` requests are single
+samples: a group's samples are independent requests spread over the replicas). `first_ready` is
+ROLL Flash's sample buffer; with `max_staleness: 0` it takes what `in_order` takes.
+
+`asyncflow compile FILE` shows each task's scheduling and the groups a step launches; the plan
+(`--json`) carries the keys with their defaults filled in (`tasks[].schedule`, `redundancy`,
+`on_update`, `consume`, `stream`, `refill`; `step.launch_groups`, `step.replace`).
+"""
+
+
+def scheduling_section() -> list[str]:
+    out = [SCHEDULING_HEAD, "| key | taken by | values | default | what it does |",
+           "|---|---|---|---|---|"]
+    for key, spec in kinds.SCHED.items():
+        values = (_code(spec.choices) if spec.choices else
+                  f"a number >= {spec.min:g}" if spec.type == "num" else "`true`, `false`")
+        default = ("`true` when `args.micro_batch` < samples_per_step" if spec.default is None
+                   else f"`{json.dumps(spec.default)}`")
+        owners = ", ".join(kinds.sched_owners(key))
+        out.append(f"| `{key}` | {owners} | {values} | {default} "
+                   f"| {_cell(KEY_DOCS['task'][key])} |")
+    return out + ["", SCHEDULING_TAIL.rstrip("\n")]
+
 
 CONVENTIONS = """## Calling conventions for user functions
 
@@ -153,7 +202,10 @@ def _keys_table(rows) -> list[str]:
     return out
 
 
-def _default(spec: build.Key) -> str:
+def _default(spec: build.Key, key: str = "", what: str = "") -> str:
+    if what == "task" and key in kinds.SCHED:  # filled in by the compiler for the kinds that take it
+        d = kinds.SCHED[key].default
+        return "see [Scheduling keys](#scheduling-keys)" if d is None else f"`{json.dumps(d)}`"
     if spec.required or spec.default is None:
         return ""
     value = list(spec.default) if isinstance(spec.default, tuple) else spec.default
@@ -176,7 +228,7 @@ def _section_rows(what: str) -> list:
     extra = {"engine": " Built in: " + _code(BUILTIN) + ".",
              "estimator": " One of " + _code(kinds.ESTIMATORS) + ".",
              "loss": " One of " + _code(kinds.LOSSES) + "."} if what == "task" else {}
-    return [(k, _type(k, spec), spec.required, _default(spec), docs[k] + extra.get(k, ""))
+    return [(k, _type(k, spec), spec.required, _default(spec, k, what), docs[k] + extra.get(k, ""))
             for k, spec in build.SECTIONS[what].items()]
 
 
@@ -287,6 +339,6 @@ def language_markdown() -> str:
     """The whole reference, ``docs/language.md``."""
     parts = [HEAD, *("\n".join(f()) + "\n" for f in (keys_section, kinds_section,
                                                     estimators_section, losses_section,
-                                                    roles_section)),
+                                                    roles_section, scheduling_section)),
              BINDING, CONVENTIONS, EDITOR]
     return "\n".join(parts)

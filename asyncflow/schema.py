@@ -92,6 +92,27 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                 "they accept), its estimator or its loss.",
         "cost": "Cost hints for the compiler's step-time estimate, e.g. {latency: ..., slots: "
                 "..., seconds_per_sample: ..., seconds_per_call: ...}.",
+        "schedule": "Rollout tasks: how samples are generated. queue (the default): each sample "
+                    "is its own request; a slot freed by a finished sample takes the next at once, "
+                    "and the sample streams on to its reward. batch: whole batches per engine "
+                    "call (the baseline).",
+        "redundancy": "Rollout tasks: launch this many times the groups a step needs (1.25: 25% "
+                      "more); the first finished are trained, the rest cancelled and counted. "
+                      "Default 1.0: none.",
+        "on_update": "Rollout tasks: what in-flight samples do when new weights arrive. finish "
+                     "(the default): finish with the old version; abort: restart with the new "
+                     "weights; continue: keep the tokens and go on with the new weights (the "
+                     "sample's version is its oldest).",
+        "consume": "Train tasks: which samples a train step takes. in_order (the default): step "
+                   "n trains exactly step n's rows (deterministic; max_staleness 0 equals the "
+                   "synchronous loop). first_ready: step n takes the first ready samples with "
+                   "n - version <= max_staleness, from any step; each sample is still trained at "
+                   "most once, and what grows too stale is dropped, counted and replaced.",
+        "stream": "Train tasks: train on micro-batches as they become ready (forward and "
+                  "backward per micro-batch), one optimiser step per train step. Default: true "
+                  "when args.micro_batch is below the step's samples.",
+        "refill": "Filter tasks: groups the filter drops are replaced by new prompts, so every "
+                  "train step still gets prompts_per_step groups. Default true.",
     },
     "sync edge": {
         "from": "The train task whose new weights are sent.",
@@ -218,12 +239,15 @@ def _task() -> dict[str, Any]:
                              ("loss", kinds.LOSSES, loss_text)):
         props[key] = {"enum": list(table), "description": props[key]["description"] + "\n" +
                       "\n".join(text(n) for n in table)}
+    for key, spec in kinds.SCHED.items():  # the default where a kind takes the key
+        if spec.default is not None:
+            props[key]["default"] = spec.default
     rules = []
     for name, k in kinds.KINDS.items():
         then: dict[str, Any] = {
             "description": kind_text(name),
             "required": list(k.needs) + ["outputs"] * k.needs_outputs,
-            "properties": {key: False for key in kinds.REF_KEYS
+            "properties": {key: False for key in kinds.REF_KEYS + kinds.SCHED_KEYS
                            if key not in k.needs + k.takes}}
         if k.needs_outputs:
             then["properties"]["outputs"] = {"minItems": 1}

@@ -12,9 +12,11 @@ from asyncflow.diagnostics.examples import BASE
 from asyncflow.plan import Plan
 
 
-def src(alpha=1):
+def src(alpha=1, stream=None):
     d = yaml.safe_load(BASE)
     d["sync"][0]["max_staleness"] = alpha
+    if stream is not None:
+        d["tasks"]["update"]["stream"] = stream
     return yaml.safe_dump(d, sort_keys=False)
 
 
@@ -42,12 +44,15 @@ def test_deferred_rollout_adopts_before_read_rules_1_3():
 
 def test_trainer_reads_micro_batches_and_publishes_without_waiting_rules_1_4():
     """Rules 1, 2, 4: update READs lcm(group 4, micro_batch 8) = 8 rows, twice a step, trains
-    the whole step once, then PUBLISHes."""
+    them as they come (micro_batch 8 < 16 samples: it streams by default), one COMPUTE per
+    micro-batch, then PUBLISHes; with stream: false it trains the whole step once."""
     plan = compile_text(src(alpha=1), "t.yaml")
     o = ops(plan, "update/0")
     assert [k for k, *_ in o] == ["READ"] * 4 + ["COMPUTE", "PUBLISH"]
     assert all(r == 8 and rep == 2 for k, _, r, rep, _ in o if k == "READ")
-    assert [(r, rep) for k, _, r, rep, _ in o if k == "COMPUTE"] == [(16, 1)]
+    assert [(r, rep) for k, _, r, rep, _ in o if k == "COMPUTE"] == [(8, 2)]
+    whole = compile_text(src(alpha=1), "t.yaml", sets=["tasks.update.stream=false"])
+    assert [(r, rep) for k, _, r, rep, _ in ops(whole, "update/0") if k == "COMPUTE"] == [(16, 1)]
     read = next(x for x in plan.workers if x.id == "update/0").ops[0]
     assert (read.granularity, read.min_rows) == ("micro_batch", 8) and read.lease_s > 0
     pub = next(x for x in plan.workers if x.id == "update/0").ops[-1]
@@ -55,8 +60,9 @@ def test_trainer_reads_micro_batches_and_publishes_without_waiting_rules_1_4():
 
 
 def test_staleness_zero_keeps_blocking_wait_rule_5():
-    """Rule 5: a = 0 -> WAIT max_lag 0, blocking sync, update reads the whole step."""
-    plan = compile_text(src(alpha=0), "t.yaml")
+    """Rule 5: a = 0 -> WAIT max_lag 0, blocking sync, a non-streaming update reads the whole
+    step (a streaming one: micro-batches, tests/test_scheduling.py)."""
+    plan = compile_text(src(alpha=0, stream=False), "t.yaml")
     assert ops(plan, "generate/0")[0] == ("WAIT", "policy", 0, 1, 0)
     assert plan.sync[0].mode == "blocking"
     assert {r for k, _, r, *_ in ops(plan, "update/0") if k == "READ"} == {16}

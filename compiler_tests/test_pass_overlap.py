@@ -14,9 +14,11 @@ from asyncflow.diagnostics.examples import BASE
 from asyncflow.errors import UserError
 
 
-def src(alpha=1, estimator="grpo", **step):
+def src(alpha=1, estimator="grpo", stream=None, **step):
     d = yaml.safe_load(BASE)
     d["sync"][0]["max_staleness"] = alpha
+    if stream is not None:
+        d["tasks"]["update"]["stream"] = stream
     d["tasks"]["advantage"]["estimator"] = estimator
     d["step"].update(step)
     return yaml.safe_dump(d, sort_keys=False)
@@ -46,13 +48,20 @@ def test_async_grpo_granularities():
 
 
 def test_staleness_zero_is_a_step_barrier():
-    """Rule 1: every edge into the trainer is `step` when a = 0.
+    """Rule 1: every edge into a non-streaming trainer is `step` when a = 0.
 
         generate -step-> update ..0..> generate
     """
-    g = gran(after(src(alpha=0)))
+    g = gran(after(src(alpha=0, stream=False)))
     assert {v for (s, d), v in g.items() if d == "update"} == {"step"}
     assert g["generate", "score"] == "sample"  # streaming within the step stays
+
+
+def test_streaming_trainer_takes_micro_batches_at_staleness_zero():
+    """Rule 1's exception: a streaming trainer (stream: true, the default when micro_batch <
+    the step) trains each micro-batch as it is ready, also at a = 0 (the step's rows still)."""
+    g = gran(after(src(alpha=0)))
+    assert g["generate", "update"] == "micro_batch" and g["advantage", "update"] == "group"
 
 
 def test_batch_estimator_is_step():
@@ -99,7 +108,7 @@ def test_concurrency_async_rules_10_11():
 
 def test_concurrency_sync_rule_10():
     """Rule 10: a = 0 puts update behind a step barrier, alone."""
-    g = after(src(alpha=0))
+    g = after(src(alpha=0, stream=False))
     assert g.g.graph["concurrency"] == [["generate", "score", "ref", "advantage"], ["update"]]
     assert g.meta("update")["stage"] == 1
 

@@ -121,6 +121,14 @@ INVALID = {
     "step without steps": (("step", "steps"), _DELETE),
     "pool without devices": (("pools", "train"), {}),
     "reward with no outputs": (("tasks", "score", "outputs"), []),
+    "schedule on a train task": (("tasks", "update", "schedule"), "queue"),
+    "refill on a reward": (("tasks", "score", "refill"), True),
+    "unknown schedule": (("tasks", "generate", "schedule"), "fifo"),
+    "unknown on_update": (("tasks", "generate", "on_update"), "restart"),
+    "unknown consume": (("tasks", "update", "consume"), "newest"),
+    "redundancy below 1": (("tasks", "generate", "redundancy"), 0.5),
+    "string for redundancy": (("tasks", "generate", "redundancy"), "1.25"),
+    "string for stream": (("tasks", "update", "stream"), "yes"),
 }
 
 

@@ -13,7 +13,8 @@ ModelDef       ``models.NAME``: init + args, or copy_of; frozen
 DataDef        ``data.NAME``: source + args, the fields (columns) it provides
 PoolDef        ``pools.NAME``: devices, custom Ray resources
 StepDef        ``step``: prompts_per_step, samples_per_prompt, steps
-TaskDef        ``tasks.NAME``: kind, engine/model/pool or fn, inputs/outputs, args
+TaskDef        ``tasks.NAME``: kind, engine/model/pool or fn, inputs/outputs, args,
+               scheduling keys
 SyncDef        one ``sync`` item: from (a train task), to, max_staleness
 =============  =============================================================
 """
@@ -99,6 +100,13 @@ class TaskDef:
     keep: tuple[str, ...] = ()  # outputs kept as final results though nothing consumes them
     args: dict = field(default_factory=dict)
     cost: dict = field(default_factory=dict)  # cost hints for the compiler's estimate
+    # scheduling keys (asyncflow.kinds.SCHED); None: not written, the kind's default applies
+    schedule: str | None = None  # rollout: queue | batch
+    redundancy: float | None = None  # rollout: groups launched / groups trained per step, >= 1
+    on_update: str | None = None  # rollout: finish | abort | continue
+    consume: str | None = None  # train: in_order | first_ready
+    stream: bool | None = None  # train: forward/backward per micro-batch as rows become ready
+    refill: bool | None = None  # filter: filtered groups are replaced by new prompts
     loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()
 

@@ -7,6 +7,7 @@ independent errors are all reported at once.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -15,7 +16,7 @@ from asyncflow.diagnostics import Diagnostics, did_you_mean
 from asyncflow.dsl import ast
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.dsl.tree import Map, Node, Scalar, Seq, plain, type_name
-from asyncflow.kinds import TASK_KINDS
+from asyncflow.kinds import SCHED, TASK_KINDS
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REF_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -56,6 +57,9 @@ TASK = {
     "keep": Key("names", default=()),
     "fn": Key("ref"), "batched": Key("bool", default=False),
     "estimator": Key("name"), "loss": Key("name"), "env": Key("ref"),
+    # scheduling keys: types and values from asyncflow.kinds.SCHED; unset is None (the compiler
+    # fills in the kind's default), so `fmt` keeps exactly what was written
+    **{k: Key(s.type, choices=s.choices, min=s.min) for k, s in SCHED.items()},
     "args": Key("map", default={}), "cost": Key("map", default={}),
 }
 SYNC = {
@@ -78,6 +82,13 @@ _EXPECTED = {
     "int": "an integer", "num": "a number", "bool": "true or false",
     "names": "a list of names", "map": "a mapping", "choice": "one of {choices}",
 }
+
+
+def _finite(v: int | float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 class Builder:
@@ -145,6 +156,10 @@ class Builder:
                 ok = ok or isinstance(v, float)
             if not ok:
                 bad()
+                return spec.default
+            if t == "num" and not _finite(v):
+                bound = "a finite number" + (f" >= {spec.min:g}" if spec.min is not None else "")
+                self.d.add("AF206", node.loc, key=key, value=v, bound=bound)
                 return spec.default
             if spec.min is not None and v < spec.min:
                 self.d.add("AF206", node.loc, key=key, value=v, bound=f">= {spec.min:g}")

@@ -68,6 +68,7 @@ FILTERED = PIPELINE.replace("""  advantage:
 
 def test_filter_drops_groups_and_step_scope_advantage():
     text = FILTERED.format(alpha=1, replicas=2, seed=1, pps=2, spp=4, steps=4, score_replicas=1)
+    text = text.replace("    outputs: [varied]\n", "    outputs: [varied]\n    refill: false\n")
     plan = compile_text(text, "filtered.yaml")
     r = Driver(plan, "local").run()
     filtered = r.stats["drops"].get("keep_varied", 0)
@@ -80,6 +81,23 @@ def test_filter_drops_groups_and_step_scope_advantage():
     assert len(kept) == len(set(kept)) == total - filtered
     assert sum(m["samples"] for m in r.metrics) == total - filtered
     assert all(r % 8 < 4 for r in kept)  # 4 samples per prompt, 2 prompts per step: even ones
+
+
+def test_refill_replaces_filtered_groups_for_a_step_scope_advantage():
+    """refill (the default): every step trains prompts_per_step groups, the filtered ones
+    replaced by new prompts; a step-scope estimator (reinforce_pp) normalises over exactly the
+    groups its step trains."""
+    text = FILTERED.format(alpha=1, replicas=2, seed=1, pps=2, spp=4, steps=4, score_replicas=1)
+    plan = compile_text(text, "filtered.yaml")
+    assert plan.task("keep_varied").refill and plan.step.replace == ["filter"]
+    r = Driver(plan, "local").run()
+    kept = sorted(r.consumed["update"])
+    assert len(kept) == len(set(kept)) == 4 * SPS  # every step whole
+    assert all(row % 8 < 4 for row in kept)  # even prompts only: the odd ones were refilled
+    assert [m["samples"] for m in r.metrics] == [SPS] * 4
+    assert kept == list(sorted({g * 4 + i for g in range(0, 16, 2) for i in range(4)}))
+    assert r.metrics[-1]["refilled"] >= 6  # 2 x 4 steps of odd groups, but the last steps'
+    assert r.stats["drops"]["keep_varied"] == r.dropped["filter"]
 
 
 def test_keyboard_interrupt_writes_partial_files(tmp_path):

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from asyncflow.runtime.batching import balance_micro_batches, token_sums
+from asyncflow.engines.batching import balance_micro_batches, token_sums
 from asyncflow.runtime.store import Lease, SampleStore, StoreError
 
 

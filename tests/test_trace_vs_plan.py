@@ -28,6 +28,7 @@ from asyncflow import kinds
 from asyncflow.engines.base import load_engine_class
 from asyncflow.plan import Plan
 from asyncflow.runtime.worker import serves
+from asyncflow.viz.timeline import EVENTS
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
@@ -66,7 +67,8 @@ def check(out: str) -> None:
     with open(os.path.join(out, "plan.json")) as f:
         plan = json.load(f)
     with open(os.path.join(out, "trace.json")) as f:
-        spans = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X" and e["name"] != "START"]
+        spans = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"
+                 and e["name"] != "START" and e["name"] not in EVENTS]  # events, not ops
     ops = {w["id"]: w["ops"] for w in plan["workers"]}
     task_of = {w["id"]: w["task"] for w in plan["workers"]}
     kind_of = {t["name"]: t["kind"] for t in plan["tasks"]}
@@ -94,13 +96,22 @@ def check(out: str) -> None:
                 assert n % read["unit"] == 0, (wid, n, read["unit"])
         if loop != "train":
             continue
-        # a trainer: micro-batches of the plan's size inside one step; one COMPUTE per step
+        # a trainer: micro-batches of the plan's size inside one step; one COMPUTE per step, or
+        # with stream: true one per micro-batch, of its rows
         assert read["granularity"] in ("micro_batch", "step")
         per_step = defaultdict(list)
         for e in sorted(reads, key=lambda e: e["ts"]):
             per_step[e["args"]["step"]].append(e["args"]["rows"])
         computes = [e for e in es if e["name"] == "COMPUTE"]
-        assert len(computes) == st["steps"], (wid, len(computes))
+        compute = next(o for o in ops[wid] if o["kind"] == "COMPUTE")
+        task = Plan.from_dict(plan).task(task_of[wid])
+        if task.stream and hasattr(load_engine_class(engine), "train_stream"):
+            assert compute["repeat"] > 1, compute  # a COMPUTE per micro-batch, as read
+            assert all(1 <= e["args"]["rows"] <= compute["rows"] for e in computes), wid
+            assert sum(e["args"]["rows"] for e in computes) == sum(
+                n for sizes in per_step.values() for n in sizes), wid
+        else:
+            assert len(computes) == st["steps"], (wid, len(computes))
         trained = {}
         with open(os.path.join(out, "train_rows.jsonl")) as f:
             for line in f:

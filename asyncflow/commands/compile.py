@@ -65,6 +65,8 @@ def plan_tables(plan):
     for s in plan.sync:
         sync.add_row(s.src, s.dst, s.model, str(s.max_staleness), s.mode)
 
+    sched = scheduling_table(plan)
+
     st = plan.step
     batch = Table(title="batch", title_justify="left")
     batch.add_column("quantity")
@@ -73,13 +75,19 @@ def plan_tables(plan):
     batch.add_row("samples_per_prompt", str(st.samples_per_prompt))
     batch.add_row("samples_per_step", str(st.samples_per_step))
     batch.add_row("steps", str(st.steps))
+    if st.launch_groups:
+        extra = st.launch_groups - st.prompts_per_step
+        batch.add_row("groups launched per step" + (f" ({extra} extra, cancelled when not needed)"
+                                                    if extra > 0 else ""), str(st.launch_groups))
+    if st.replace:
+        batch.add_row("dropped groups replaced by new prompts", ", ".join(st.replace))
     for t in plan.tasks:
         if t.kind == "train":
             mb = t.args.get("micro_batch", st.samples_per_step)
             if isinstance(mb, int) and mb > 0:
                 batch.add_row(f"micro-batches per step ({t.name}: {mb})",
                               str(st.samples_per_step // mb))
-    out = [tasks, binds, pools, chans, sync, batch]
+    out = [tasks, binds, sched, pools, chans, sync, batch]
     e = plan.estimate
     if e is not None:
         est = Table(title="estimate (steady state)", title_justify="left")
@@ -95,6 +103,51 @@ def plan_tables(plan):
             est.add_row("bound by", e.bottleneck)
         out.append(est)
     return out
+
+
+def scheduling_text(task, plan) -> tuple[str, str]:
+    """A task's scheduling keys, short (``queue, redundancy 1.25, on_update finish``), and what
+    they mean, in words; ("", "") for a kind that takes none."""
+    st = plan.step
+    if task.kind == "rollout" and task.schedule:
+        short = f"{task.schedule}, redundancy {task.redundancy:g}, on_update {task.on_update}"
+        words = ["each sample is its own request, sent as a slot frees" if task.schedule == "queue"
+                 else "whole batches per engine call"]
+        if task.redundancy > 1:
+            words.append(f"{st.launch_groups} groups launched for {st.prompts_per_step} trained, "
+                         "the last to finish cancelled")
+        words.append({"finish": "in-flight samples finish on the old weights",
+                      "abort": "in-flight samples restart with new weights",
+                      "continue": "in-flight samples go on with new weights"}.get(
+                          task.on_update, task.on_update))
+        return short, "; ".join(words)
+    if task.kind == "train" and task.consume:
+        short = task.consume + (", stream" if task.stream else "")
+        words = ["trains exactly step n's rows" if task.consume == "in_order" else
+                 f"takes the first ready rows with n - version <= {task.version_lag}, from any "
+                 "step; too stale: dropped, replaced"]
+        mb = task.args.get("micro_batch")
+        words.append(f"forward/backward per micro-batch of {mb} as it is ready, one optimiser "
+                     "step" if task.stream else "one train_step on the whole step")
+        return short, "; ".join(words)
+    if task.kind == "filter":
+        return ("refill", "dropped groups are replaced by new prompts") if task.refill else (
+            "no refill", "a step trains only the groups that pass")
+    return "", ""
+
+
+def scheduling_table(plan):
+    """One row per task that has scheduling keys (rollout, train, filter)."""
+    from rich.table import Table
+
+    t = Table(title="scheduling", title_justify="left")
+    for col in ("task", "kind", "scheduling", "what it means"):
+        t.add_column(col, overflow="fold")
+    for task in plan.tasks:
+        short, words = scheduling_text(task, plan)
+        if short:
+            t.add_row(task.name, task.kind, short, words)
+    return t
 
 
 def bindings_table(plan):
@@ -135,7 +188,8 @@ def register(app: typer.Typer) -> None:
                           "placement, overlap, lower, cost) and stop"),
                  device_kind: str = typer.Option("auto", "--device-kind",
                                                  help="what a pool device is: gpu, cpu or auto")) -> None:
-        """Compile a pipeline; print the plan (tasks, pools, channels, sync, batch, estimate)."""
+        """Compile a pipeline; print the plan (tasks, bindings, scheduling, pools, channels, sync,
+        batch, estimate)."""
         from asyncflow.compiler import Context, compile_file
         from asyncflow.compiler.pipeline import PASS_NAMES
         from asyncflow.compiler.runner import DEVICE_KINDS

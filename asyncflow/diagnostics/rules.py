@@ -11,6 +11,7 @@ AF34x    ``module:function`` references and files
 AF35x    weight-sync edges
 AF36x    batch arithmetic and task ``args``
 AF37x    bindings: each input's role and type (:mod:`asyncflow.compiler.passes.bind`)
+AF38x    scheduling keys: schedule, redundancy, on_update, consume, stream, refill
 =======  ===============================================================
 """
 from asyncflow.diagnostics import Code, Example
@@ -104,7 +105,11 @@ CODES = [
          (mutate("    engine: hf\n    model: reference\n", "    model: reference\n", at="ref:"),
           mutate("    fn: asyncflow.rewards:digits_match\n", "", at="score:"))),
     Code("AF326", "not-for-kind", "task '{task}' of kind {kind} takes no '{key}'{why}",
-         (mutate("    estimator: grpo", "    estimator: grpo\n    model: policy", at="policy\n    inputs: [reward]"),)),
+         (mutate("    estimator: grpo", "    estimator: grpo\n    model: policy", at="policy\n    inputs: [reward]"),
+          mutate("    loss: grpo", "    loss: grpo\n    schedule: queue", at="queue"),
+          mutate("    estimator: grpo", "    estimator: grpo\n    refill: true", at="true\n    inputs: [reward]"),
+          mutate("    args: {max_new_tokens: 8}", "    args: {max_new_tokens: 8}\n    stream: false",
+                 at="false"))),
     # -- AF33x estimators and losses ----------------------------------------------------------
     Code("AF330", "unknown-estimator", "there is no advantage estimator '{name}' (known: {known})",
          (mutate("    estimator: grpo", "    estimator: gpro", at="gpro\n"),)),
@@ -205,5 +210,29 @@ CODES = [
          "(_row, _group, _version)",
          (_edit(("    outputs: [reward]", "    outputs: [_version]"),
                 ("    inputs: [reward]", "    inputs: [_version]"), at="_version]\n  ref"),)),
+    # -- AF38x scheduling keys (their kinds: AF326; their values: AF202, AF205, AF206) -----------
+    Code("AF380", "on-update-no-effect", "on_update: {value} of rollout '{task}' has no effect: {why}",
+         (mutate("    args: {max_new_tokens: 8}",
+                 "    args: {max_new_tokens: 8}\n    schedule: batch\n    on_update: abort", at="abort"),
+          _edit(("    model: policy\n    pool: rollout",
+                 "    model: reference\n    pool: rollout\n    on_update: continue"),
+                ("  - {from: update, to: generate, max_staleness: 1}", "  []"), at="continue")),
+         severity=_W),
+    Code("AF381", "redundancy-ignored", "redundancy {value} of rollout '{task}' is ignored: {why}",
+         (_edit(("    model: policy\n    pool: rollout",
+                 "    model: reference\n    pool: rollout\n    redundancy: 1.5"),
+                ("  - {from: update, to: generate, max_staleness: 1}", "  []"), at="1.5"),),
+         severity=_W),
+    Code("AF382", "first-ready-in-order",
+         "consume: first_ready of train task '{task}' takes what in_order takes: with max_staleness "
+         "0, step n may train only samples of version n",
+         (_edit(("    loss: grpo", "    loss: grpo\n    consume: first_ready"),
+                ("max_staleness: 1", "max_staleness: 0"), at="first_ready"),),
+         severity=_W),
+    Code("AF383", "nothing-to-stream", "stream: true of train task '{task}' streams nothing: {why}",
+         (mutate("{lr: 1.0e-4, micro_batch: 8}", "{lr: 1.0e-4}\n    stream: true", at="true\nsync"),
+          mutate("{lr: 1.0e-4, micro_batch: 8}", "{lr: 1.0e-4, micro_batch: 16}\n    stream: true",
+                 at="true\nsync")),
+         severity=_W),
 ]
 

@@ -28,18 +28,34 @@ arg                default         meaning
 **Data parallelism.** Replica ``spec.replica`` of ``spec.replicas`` is rank ``replica`` of a
 ``replicas``-rank process group (the engine sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT`` so no launcher is needed). Every replica calls ``train_step``
-once per step with its own rows. The replicas first agree on the step's normalizer (tokens for
-token-mean losses, sequences otherwise) and its number of micro-batches; each micro-batch loss
-is divided by the *global* normalizer and multiplied by the world size (DeepSpeed averages
-gradients over ranks), so the update equals one replica's on the whole global batch, whatever
-the split. A replica with fewer micro-batches runs zero-loss ones so the collectives line up.
-Metrics are the global step's (identical on every replica).
+once per step with its own rows. The replicas first agree on the step's number of
+micro-batches; each micro-batch loss is multiplied by the world size (DeepSpeed averages
+gradients over ranks) and the sum divided by the *global* normalizer (tokens for token-mean
+losses, sequences otherwise, summed over the replicas at the end), so the update equals one
+replica's on the whole global batch, whatever the split. A replica with fewer micro-batches
+runs zero-loss ones so the collectives line up. Metrics are the global step's (identical on
+every replica).
 
-**Gradient accumulation.** One DeepSpeed step per ``train_step``: the accumulation boundary is
-set by hand (``set_gradient_accumulation_boundary``) on the last micro-batch, so a step may have
-any number of micro-batches (``gradient_accumulation_steps`` stays 1). Clipping is DeepSpeed's
-(``gradient_clipping`` = ``max_grad_norm``, on the global norm); the optimiser is
-``torch.optim.AdamW``, which ZeRO shards.
+**Gradient accumulation.** One DeepSpeed step per ``train_step`` or ``train_stream``: the
+accumulation boundary is set by hand (``set_gradient_accumulation_boundary``), so a step may
+have any number of micro-batches (``gradient_accumulation_steps`` stays 1). ``train_step``
+knows its micro-batches (token-balanced, as the hf engine's) and sets the boundary on the last
+one; ``train_stream`` does not know which is last, so every micro-batch runs off the boundary
+and a zero-loss micro-batch (one token) closes the step on it. Each micro-batch loss is taken
+*unnormalised* (as the hf engine's, :mod:`asyncflow.engines.torch_common`, "train steps") and
+the step's normaliser, known at the end, is applied through the ZeRO optimiser's loss scale:
+``step`` divides every gradient by it after computing the global norm and before clipping
+(``unscale_and_clip_grads``; ``get_global_grad_norm`` is the unscaled norm), so the scale is
+multiplied by the normaliser for that one ``step`` and divided back after it (a dynamic fp16
+scale keeps its own updates). Clipping is DeepSpeed's (``gradient_clipping`` =
+``max_grad_norm``, on the global norm); the optimiser is ``torch.optim.AdamW``, which ZeRO
+shards.
+
+**Streaming over replicas.** ZeRO 2 reduces gradients in every backward, so the replicas run
+their micro-batches in lock-step: before each, they agree (one small all-gather) on whether any
+still has one with tokens; one that has none (its stream ended, or its micro-batch has no
+tokens) runs a zero-loss micro-batch meanwhile, and the step ends when every stream has ended.
+This path is untested where deepspeed is not installed.
 
 **Checkpoints.** ``save(dir)`` writes the model as a local HF directory (replica 0; usable as a
 model ``init``) and a DeepSpeed checkpoint under ``dir/deepspeed`` (every replica writes its
@@ -51,18 +67,19 @@ JIT-builds DeepSpeed's shared-memory comm op (about a minute on 2 cores, then ca
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import functools
 import os
 import socket
+from collections.abc import Iterable
 
 import torch
 
-from asyncflow.algos import loss_aggregation
 from asyncflow.engines import torch_common as tc
 from asyncflow.engines.base import Columns, EngineSpec
-from asyncflow.engines.hf import _SUMMED, HFEngine
+from asyncflow.engines.hf import HFEngine
 
 CKPT_TAG = "deepspeed"
 DEFAULT_PORT = 29500
@@ -123,74 +140,96 @@ class DeepSpeedEngine(HFEngine):
         return super()._forward(packed)
 
     def train_step(self, batch: Columns) -> dict[str, float]:
-        """One DeepSpeed step on this replica's rows of the global batch (module docstring).
-        Metrics as the hf engine's, of the global step."""
+        """One DeepSpeed step on this replica's rows of the global batch, in token-balanced
+        micro-batches (module docstring). Metrics as the hf engine's, of the global step."""
+        self._require_ds()
+        return self._ds_train(self._split(batch), planned=True)
+
+    def train_stream(self, micro_batches: Iterable[Columns]) -> dict[str, float]:
+        """One DeepSpeed step over micro-batches that arrive one by one (as the hf engine's
+        ``train_stream``; module docstring, "Streaming over replicas")."""
+        self._require_ds()
+        return self._ds_train(self._stream(micro_batches), planned=False)
+
+    def _require_ds(self) -> None:
         if self.ds is None:
             raise RuntimeError(f"task {self.spec.task!r} is not a train task")
-        prompts, resps = self._pairs(batch)
-        n = len(resps)
-        masks, counted = self._counted(batch, resps)  # multi-turn loss masks, as hf
-        chunks = [list(rows) for rows in self._chunks(n)
-                  if any(counted[i] for i in rows)]  # micro-batches with tokens
-        local_tokens = sum(counted)
-        token_mean = loss_aggregation(self.loss_name, self.loss_cfg) == "token_mean"
-        local_norm = local_tokens if token_mean else sum(1 for c in counted if c)
-        normalizer, total_tokens, rows, steps = self._agree(
-            [local_norm, local_tokens, n], len(chunks))
-        if steps == 0:  # no replica has a token: no update (as the hf engine), same version
+
+    def _ds_train(self, micro_batches: Iterable[tc.Micro], planned: bool) -> dict[str, float]:
+        """The step of ``train_step`` (``planned``: all micro-batches known, their number agreed
+        up front, the boundary on the last) and ``train_stream`` (agreed one at a time, closed
+        by a zero-loss micro-batch on the boundary)."""
+        step = tc.StepSums()
+        if planned:
+            micro_batches = list(micro_batches)
+            for mb in micro_batches:
+                step.add_rows(mb)
+            work = [mb for mb in micro_batches if mb.tokens]
+            rounds = self._max_over_replicas(len(work))
+            source = iter(work)
+        else:
+            source = iter(micro_batches)
+        done = 0  # micro-batches run (the same on every replica)
+        while True:
+            mb = next(source, None)
+            if planned:
+                if done == rounds:
+                    break
+                mine = mb is not None
+            else:
+                if mb is not None:
+                    step.add_rows(mb)
+                state = 0 if mb is None else 2 if mb.tokens else 1
+                top = self._max_over_replicas(state)
+                if top == 0:  # every stream has ended
+                    break
+                if top == 1:  # nobody has a token this round: nothing to run
+                    continue
+                mine = state == 2
+            self.ds.set_gradient_accumulation_boundary(planned and done == rounds - 1)
+            if mine:
+                packed = mb.pack(self.tokenizer.pad_id)
+                loss, metrics = self._micro_loss(packed, mb.cols, 1, self.micro_cfg)
+                # DeepSpeed averages gradients over ranks; the step's sum is over all of them
+                self.ds.backward(loss * self.world)
+                step.add_metrics(metrics, packed.tokens)
+                del loss, packed
+            else:
+                self._zero_backward()
+            done += 1
+        step = self._merge_over_replicas(step)
+        if done == 0:  # no replica has a token: no update (as the hf engine), same version
             self.version += 1
             return {"loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "tokens": 0.0,
-                    "rows": float(rows), "version": float(self.version)}
-        sums: dict[str, float] = {}
-        for i in range(steps):
-            self.ds.set_gradient_accumulation_boundary(i == steps - 1)
-            if i >= len(chunks):
-                self._zero_backward()
-                continue
-            rows_i = chunks[i]
-            packed = tc.pack([prompts[j] for j in rows_i], [resps[j] for j in rows_i],
-                             self.tokenizer.pad_id,
-                             [masks[j] for j in rows_i] if masks is not None else None)
-            cols = {k: [v[j] for j in rows_i] for k, v in batch.items()}
-            loss, metrics = self._micro_loss(packed, cols, normalizer)
-            # DeepSpeed averages gradients over ranks; the loss is already a global mean
-            self.ds.backward(loss * self.world)
-            mb_tokens = packed.tokens
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * (1 if k in _SUMMED else mb_tokens)
-        self.ds.step()
+                    "rows": float(step.rows), "version": float(self.version)}
+        if not planned:  # the last micro-batch ran off the boundary: close the step on it
+            self.ds.set_gradient_accumulation_boundary(True)
+            self._zero_backward()
+        norm = step.normaliser(self.loss_agg, self.loss_cfg.norm_length)
+        with _loss_scale_times(self.optimizer, norm):
+            self.ds.step()
         self.version += 1
-        sums = self._sum_over_replicas(sums)
-        result = {k: v if k in _SUMMED else v / max(total_tokens, 1) for k, v in sums.items()}
-        result.setdefault("kl", result.get("kl_ref", result.get("approx_kl", 0.0)))
         grad_norm = self.ds.get_global_grad_norm()
-        result.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
-                      tokens=float(total_tokens), rows=float(rows), version=float(self.version))
-        return result
+        return step.result(norm, float(grad_norm) if grad_norm is not None else float("nan"),
+                           self.version)
 
-    def _agree(self, totals: list[float], chunks: int) -> tuple:
-        """(normalizer, tokens, rows) summed over replicas, and the most micro-batches any has."""
+    def _max_over_replicas(self, value: int) -> int:
         if self.world == 1:
-            return (*totals, chunks)
+            return value
         import torch.distributed as dist
 
         out: list = [None] * self.world
-        dist.all_gather_object(out, (totals, chunks))
-        summed = [sum(o[0][k] for o in out) for k in range(len(totals))]
-        return (*summed, max(o[1] for o in out))
+        dist.all_gather_object(out, int(value))
+        return max(out)
 
-    def _sum_over_replicas(self, sums: dict[str, float]) -> dict[str, float]:
+    def _merge_over_replicas(self, step: tc.StepSums) -> tc.StepSums:
         if self.world == 1:
-            return sums
+            return step
         import torch.distributed as dist
 
         out: list = [None] * self.world
-        dist.all_gather_object(out, sums)
-        merged: dict[str, float] = {}
-        for part in out:
-            for k, v in part.items():
-                merged[k] = merged.get(k, 0.0) + v
-        return merged
+        dist.all_gather_object(out, step)
+        return tc.StepSums.merged(out)
 
     def _zero_backward(self) -> None:
         """A micro-batch that adds nothing: keeps this replica's collectives in step with
@@ -261,6 +300,22 @@ def _init_distributed(spec: EngineSpec, args: dict) -> tuple[int, int]:
         timeout=datetime.timedelta(seconds=float(args.get("dist_timeout", 600))),
         rank=rank, world_size=world)
     return world, rank
+
+
+@contextlib.contextmanager
+def _loss_scale_times(optimizer, factor: float):
+    """The ZeRO optimiser's loss scale multiplied by ``factor`` for one ``step``: it divides
+    every gradient by its loss scale (module docstring, "Gradient accumulation")."""
+    before = optimizer.loss_scale
+    optimizer.loss_scale = before * factor
+    if optimizer.loss_scale != before * factor:  # e.g. an external (custom) loss scale
+        optimizer.loss_scale = before
+        raise RuntimeError("the DeepSpeed optimiser's loss scale cannot be set; the step's "
+                           "normaliser cannot be applied (use the fp32 ZeRO 1/2 optimiser)")
+    try:
+        yield
+    finally:
+        optimizer.loss_scale = optimizer.loss_scale / factor
 
 
 def _merge(base: dict, extra: dict) -> None:

@@ -9,9 +9,11 @@ Task args it reads (all optional):
 ===================  ===========  ==================================================
 arg                  default      meaning
 ===================  ===========  ==================================================
-``max_new_tokens``   16           rollout: response length limit (eos stops earlier)
+``max_new_tokens``   16           rollout: response length cap (eos stops earlier): a number or
+                                  a distribution, drawn per row (:mod:`.hf_serve`)
 ``temperature``      1.0          sampling temperature; scorer/trainer log-probs use it too
 ``top_p``            1.0          rollout: nucleus sampling (does not change log-probs)
+``slots``            32           rollout, ``schedule: queue``: requests decoded at once
 ``lr``               1e-4         train: AdamW learning rate
 ``weight_decay``     0.0          train: AdamW weight decay
 ``betas``            [0.9, 0.999] train: AdamW betas
@@ -40,6 +42,7 @@ Reproducibility: initial weights depend only on the model's ``seed`` arg; sampli
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -65,7 +68,11 @@ class HFEngine:
         self.device = torch.device(args.get("device", "cpu"))
         self.temperature = float(args.get("temperature", spec.extra.get("temperature", 1.0)))
         self.top_p = float(args.get("top_p", 1.0))
-        self.max_new_tokens = int(args.get("max_new_tokens", 16))
+        # a number or a distribution: per-row length caps (hf_serve.length_cap)
+        self.max_new_tokens = args.get("max_new_tokens", 16)
+        from asyncflow.engines import hf_serve
+        self.length_dist = hf_serve.length_spec(self.max_new_tokens)
+        self.cancelled = self.aborted = 0  # serve: rows cancelled / restarts on weight updates
         self.micro_batch = int(args.get("micro_batch") or 0)
         self.version = 0
         self.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + spec.replica)
@@ -128,9 +135,17 @@ class HFEngine:
                             logits_to_keep=r + 1).logits
         return logits[:, :r]
 
-    def _chunks(self, n: int):
+    def _chunks(self, n: int, lengths: list[int] | None = None):
+        """Row indices of ``n`` rows in micro-batches of at most ``micro_batch`` rows (all rows
+        when unset): consecutive, or, given per-row token ``lengths``, balanced by their sums
+        (:func:`asyncflow.engines.batching.balance_micro_batches`, ``ceil(n / micro_batch)``
+        micro-batches of sizes differing by at most one)."""
         size = self.micro_batch if self.micro_batch > 0 else max(n, 1)
-        return [range(i, min(i + size, n)) for i in range(0, n, size)]
+        if lengths is None or n <= size:
+            return [range(i, min(i + size, n)) for i in range(0, n, size)]
+        from asyncflow.engines.batching import balance_micro_batches
+
+        return balance_micro_batches(lengths, size, remainder=True)
 
     # ------------------------------------------------------------------ Rollout
 
@@ -147,24 +162,33 @@ class HFEngine:
                 batch, self._sample, self.tokenizer, self.spec.extra["env"],
                 self.spec.extra.get("env_args"),
                 int(self.args.get("max_turns") or multiturn.DEFAULT_MAX_TURNS), out_names,
-                self.spec.extra.get("search_path", ()))
+                self.spec.extra.get("search_path", ()), keys=batch.get("_row"))
         prompts = [self._prompt_ids(p) for p in batch["prompt"]]
         if not prompts:
             return {name: [] for name in out_names[:2]}
-        tokens, logprobs = self._sample(prompts)
+        tokens, logprobs = self._sample(prompts, batch.get("_row"))
         eos = self.tokenizer.eos_id
         responses = [Text(self.tokenizer.decode([t for t in ids if t != eos]), ids, prompt)
                      for ids, prompt in zip(tokens, prompts)]
         return {out_names[0]: responses, out_names[1]: logprobs}
 
     @torch.no_grad()
-    def _sample(self, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
+    def _sample(self, prompts: list[list[int]], rows=None
+                ) -> tuple[list[list[int]], list[list[float]]]:
         """Continue each id list in ``prompts`` (one batch, KV cache, left padding): per row the
-        sampled ids (up to and including ``eos``, at most ``max_new_tokens``) and their
-        log-probs. Draws from ``self.generator``."""
+        sampled ids (up to and including ``eos``, at most its length cap) and their log-probs.
+        A row's cap is :func:`.hf_serve.length_cap` of ``max_new_tokens`` for its key: its
+        ``rows`` entry (the store's ``_row``; ``(_row, turn)`` for an agent turn, the key
+        ``serve`` gives the same turn), else its position in this call. The loop ends when
+        every row has ``eos`` or its cap. Draws from ``self.generator``."""
+        from asyncflow.engines.hf_serve import length_cap
+
         n = len(prompts)
         if n == 0:
             return [], []
+        keys = list(rows) if rows is not None else range(n)
+        caps = [length_cap(self.length_dist, k) for k in keys]
+        cap_t = torch.tensor(caps)
         pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
         ids, mask = tc.left_pad(prompts, pad)
         ids, mask = ids.to(self.device), mask.to(self.device)
@@ -173,7 +197,7 @@ class HFEngine:
         logps = torch.empty((n, 0), dtype=torch.float32)
         done = torch.zeros(n, dtype=torch.bool)
         cache, step_ids, step_pos = None, ids, pos
-        for _ in range(self.max_new_tokens):
+        for step in range(max(caps)):
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
@@ -182,7 +206,7 @@ class HFEngine:
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             tokens = torch.cat([tokens, tok[:, None]], dim=1)
             logps = torch.cat([logps, lp[:, None]], dim=1)
-            done = done | (tok == eos)
+            done = done | (tok == eos) | (cap_t <= step + 1)
             if bool(done.all()):
                 break
             step_ids = tok[:, None].to(self.device)
@@ -190,7 +214,7 @@ class HFEngine:
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], 1)
         out_ids, out_lps = [], []
         for i in range(n):
-            row = tokens[i].tolist()
+            row = tokens[i].tolist()[:caps[i]]
             length = row.index(eos) + 1 if eos in row else len(row)
             out_ids.append(row[:length])
             out_lps.append(logps[i, :length].tolist())
@@ -244,6 +268,8 @@ class HFEngine:
         return params
 
     def _build_trainer(self) -> None:
+        import dataclasses
+
         from asyncflow.algos.config import LossConfig
 
         a = self.args
@@ -254,6 +280,11 @@ class HFEngine:
                 m.p = 0.0
         self.loss_name = self.spec.loss or "grpo"
         self.loss_cfg = LossConfig.from_args(a)
+        self.loss_agg = loss_aggregation(self.loss_name, self.loss_cfg)
+        # micro-batch losses are taken unnormalised (normaliser 1) and the step's gradient divided
+        # at the end (torch_common, "train steps"); seq_sum_norm's length goes there too
+        self.micro_cfg = (dataclasses.replace(self.loss_cfg, norm_length=1)
+                          if self.loss_agg == "seq_sum_norm" else self.loss_cfg)
         self.max_grad_norm = a.get("max_grad_norm", 1.0)
         self.optimizer = torch.optim.AdamW(
             self._params(), lr=float(a.get("lr", 1e-4)),
@@ -262,51 +293,73 @@ class HFEngine:
 
     def train_step(self, batch: Columns) -> dict[str, float]:
         """One optimiser step on all rows of ``batch``: gradient accumulation over micro-batches
-        of ``micro_batch`` rows, each micro-batch's loss divided by the step's token count
-        (token-mean losses) or sequence count (sequence-mean), then clipping and AdamW. Bumps
-        ``version``. Metrics: ``loss``/``pg_loss`` of the step, token-weighted means of the
-        loss's other metrics (``clip_frac``, ``entropy``, ``approx_kl``, ``kl_ref``...), ``kl``
-        (``kl_ref`` when reference log-probs are given, else ``approx_kl``), ``grad_norm``
-        (before clipping), ``tokens``, ``rows``, ``version``."""
+        of at most ``micro_batch`` rows, balanced by token count (prompt + response;
+        :func:`asyncflow.engines.batching.balance_micro_batches`), then clipping and AdamW; the
+        step's loss is the mean over its tokens (token-mean losses) or sequences (sequence-mean).
+        ``train_stream`` over those micro-batches: one code path. Bumps ``version``. Metrics:
+        ``loss``/``pg_loss`` of the step, token-weighted means of the loss's other metrics
+        (``clip_frac``, ``entropy``, ``approx_kl``, ``kl_ref``...), ``kl`` (``kl_ref`` when
+        reference log-probs are given, else ``approx_kl``), ``grad_norm`` (before clipping),
+        ``tokens``, ``rows``, ``version``; ``*_max`` metrics are the step's maximum and the
+        critic's ``explained_var`` is the whole step's (from sums), whatever the split."""
+        self._require_trainer()
+        return self._train(self._split(batch))
+
+    def train_stream(self, micro_batches: Iterable[Columns]) -> dict[str, float]:
+        """One optimiser step over micro-batches that arrive one by one (``stream: true``,
+        :mod:`asyncflow.engines.base`, "scheduling"): forward and backward on each as it
+        arrives (one larger than ``micro_batch`` rows is split, balanced), the gradients summed
+        unnormalised and divided once by the step's normaliser when the iterable ends, then clip
+        and step. Equals ``train_step`` on the concatenated rows up to summation order, whatever
+        the order and sizes of the micro-batches; the same metrics."""
+        self._require_trainer()
+        return self._train(self._stream(micro_batches))
+
+    def _require_trainer(self) -> None:
         if self.optimizer is None:
             raise RuntimeError(f"task {self.spec.task!r} is not a train task")
-        prompts, resps = self._pairs(batch)
-        n = len(resps)
-        masks, counted = self._counted(batch, resps)
-        total_tokens = sum(counted)
-        # each micro-batch loss is divided by the whole step's token or sequence count, so the
-        # accumulated gradient is that of the step's mean
-        if loss_aggregation(self.loss_name or "grpo", self.loss_cfg) == "token_mean":
-            normalizer = total_tokens
-        else:
-            normalizer = sum(1 for c in counted if c)
+
+    def _micro(self, cols: Columns) -> tc.Micro:
+        prompts, resps = self._pairs(cols)
+        masks, counted = self._counted(cols, resps)
+        return tc.Micro(cols, prompts, resps, masks, counted)
+
+    def _split(self, batch: Columns) -> list[tc.Micro]:
+        """A whole step's rows as token-balanced micro-batches (see ``_chunks``)."""
+        whole = self._micro(batch)
+        chunks = self._chunks(len(whole), whole.lengths)
+        return [whole] if len(chunks) == 1 else [whole.take(rows) for rows in chunks]
+
+    def _stream(self, micro_batches: Iterable[Columns]) -> Iterator[tc.Micro]:
+        for cols in micro_batches:
+            yield from self._split(cols)
+
+    def _train(self, micro_batches: Iterable[tc.Micro]) -> dict[str, float]:
+        """The one step of ``train_step`` and ``train_stream`` (torch_common, "train steps")."""
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        for rows in self._chunks(n):
-            rows = list(rows)
-            packed = tc.pack([prompts[i] for i in rows], [resps[i] for i in rows],
-                             self.tokenizer.pad_id,
-                             [masks[i] for i in rows] if masks is not None else None)
-            mb_tokens = packed.tokens
-            if mb_tokens == 0:
+        step = tc.StepSums()
+        for mb in micro_batches:
+            step.add_rows(mb)
+            if not mb.tokens:
                 continue
-            cols = {k: [v[i] for i in rows] for k, v in batch.items()}
-            loss, metrics = self._micro_loss(packed, cols, normalizer)
+            packed = mb.pack(self.tokenizer.pad_id)
+            loss, metrics = self._micro_loss(packed, mb.cols, 1, self.micro_cfg)
             loss.backward()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * (1 if k in _SUMMED else mb_tokens)
+            step.add_metrics(metrics, packed.tokens)
+            del loss, packed  # the graph goes now, not when the next micro-batch arrives
+        norm = step.normaliser(self.loss_agg, self.loss_cfg.norm_length)
+        params = self._params()
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(norm)
         if self.max_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self._params(), float(self.max_grad_norm))
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, float(self.max_grad_norm))
         else:
-            grad_norm = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in self._params()
-                                       if p.grad is not None))
+            grad_norm = torch.sqrt(sum(((p.grad.detach() ** 2).sum() for p in params
+                                        if p.grad is not None), torch.zeros(())))
         self.optimizer.step()
         self.version += 1
-        result = {k: v if k in _SUMMED else v / max(total_tokens, 1) for k, v in sums.items()}
-        result.setdefault("kl", result.get("kl_ref", result.get("approx_kl", 0.0)))
-        result.update(grad_norm=float(grad_norm), tokens=float(total_tokens),
-                      rows=float(n), version=float(self.version))
-        return result
+        return step.result(norm, float(grad_norm), self.version)
 
     def _counted(self, batch: Columns, resps: list[list[int]]) -> tuple[list | None, list[int]]:
         """(loss masks or None, tokens that count per row). Multi-turn responses carry a loss
@@ -317,7 +370,10 @@ class HFEngine:
                    for i, r in enumerate(resps)]
         return masks, counted
 
-    def _micro_loss(self, packed: tc.Packed, cols: Columns, normalizer):
+    def _micro_loss(self, packed: tc.Packed, cols: Columns, normalizer, cfg=None):
+        """(loss, metrics) of one micro-batch, divided by ``normalizer``, under ``cfg`` (the
+        loss settings; default ``self.loss_cfg``)."""
+        cfg = self.loss_cfg if cfg is None else cfg
         mask = packed.response_mask.to(self.device)
         lengths, width = packed.lengths, mask.shape[1]
         if self.critic:
@@ -326,18 +382,20 @@ class HFEngine:
             old = cols.get("values")
             old_values = (tc.pad_floats(old, lengths, width).to(self.device)
                           if old is not None else values.detach())
-            return _loss("value", values, old_values, returns, mask, self.loss_cfg,
-                         normalizer=normalizer)
+            loss, metrics = _loss("value", values, old_values, returns, mask, cfg,
+                                  normalizer=normalizer)
+            # explained variance is not a mean over tokens: exact over micro-batches from sums
+            return loss, {**metrics, **tc.explained_variance_sums(values, returns, mask)}
         logits = self._forward(packed)
         logp = tc.token_logprobs(logits, packed.response_ids.to(self.device), self.temperature)
-        with torch.set_grad_enabled(bool(self.loss_cfg.entropy_coef)):  # a metric unless used
+        with torch.set_grad_enabled(bool(cfg.entropy_coef)):  # a metric unless used
             ent = tc.entropy(logits, self.temperature)
         old = tc.pad_floats(cols["logprobs"], lengths, width).to(self.device)
         adv = tc.pad_floats(cols["advantages"], lengths, width).to(self.device)
         ref, prox = (cols.get(k) for k in ("ref_logprobs", "prox_logprobs"))  # optional roles
         ref = tc.pad_floats(ref, lengths, width).to(self.device) if ref is not None else None
         prox = tc.pad_floats(prox, lengths, width).to(self.device) if prox is not None else None
-        return _loss(self.loss_name, logp, old, adv, mask, self.loss_cfg, ref_logprobs=ref,
+        return _loss(self.loss_name, logp, old, adv, mask, cfg, ref_logprobs=ref,
                      prox_logprobs=prox, entropy=ent, normalizer=normalizer)
 
     def export_weights(self) -> dict:
@@ -385,10 +443,6 @@ class HFEngine:
 
 # ---------------------------------------------------------------------- losses
 # The one place the engine calls into asyncflow.algos.
-
-# metrics that add up over micro-batches (each micro-batch loss is already divided by the
-# step's normalizer); every other metric is averaged weighted by tokens
-_SUMMED = {"loss", "pg_loss", "value_loss", "tokens"}
 
 
 def _loss(name: str, first, second, third, mask, cfg, **kw):

@@ -126,6 +126,11 @@ class SimEngine:
         self.weights: Any = None
         self.steps = 0
         self._lock = threading.Lock()
+        self.aborted = 0  # in-flight samples restarted by new weights (on_update: abort)
+        self.cancelled = 0  # in-flight samples dropped elsewhere (serve's ``_cancel``)
+        self._flight: dict = {}
+        self._restart = False
+        self.flight_at_update: list[int] = []  # samples in flight at each update_weights
 
     # -- time --------------------------------------------------------------------------------
     def _sleep(self, seconds: float) -> None:
@@ -225,45 +230,72 @@ class SimEngine:
 
             return sim_turns.serve(self, pull, emit)
         names = self.spec.outputs or ("response", "logprobs")
-        flight: list = []  # (finish wall time, seq, row dict)
+        flight: dict[int, tuple] = {}  # row -> (finish wall time, row dict, version at start)
+        heap: list = []  # (finish, seq, row): entries whose row left flight are skipped
         seq = served = 0
         exhausted = False
+        self._flight = flight
         while True:
+            if self._restart:  # on_update: abort -- in flight restart with the new weights
+                self._restart = False
+                now = time.monotonic()
+                for r, (_, row, _) in list(flight.items()):
+                    row["_version"] = self.version
+                    finish = now + self.latency_of(r) * self.time_scale
+                    flight[r] = (finish, row, self.version)
+                    heapq.heappush(heap, (finish, seq, r))
+                    seq += 1
             free = self.slots - len(flight)
-            if free > 0 and not exhausted:
-                got = pull(free)
+            if not exhausted:
+                got = pull(max(free, 0))
                 if got is None:
                     exhausted = True
-                elif _n_rows(got):
-                    now, cols, rows = time.monotonic(), self._outputs(got, names), self._rows(got)
-                    for i, r in enumerate(rows):
-                        row = {"_row": r, "_version": self.version}
-                        if "_group" in got:
-                            row["_group"] = got["_group"][i]
-                        row.update({name: cols[name][i] for name in names})
-                        finish = now + self.latency_of(r) * self.time_scale
-                        heapq.heappush(flight, (finish, seq, row))
-                        seq += 1
-                    continue
-            if not flight:
+                else:
+                    for r in got.get("_cancel") or ():
+                        if flight.pop(int(r), None) is not None:
+                            self.cancelled += 1
+                    if _n_rows({k: v for k, v in got.items() if k != "_cancel"}):
+                        now, rows = time.monotonic(), self._rows(got)
+                        cols = self._outputs(got, names)
+                        for i, r in enumerate(rows):
+                            row = {"_row": r, "_version": self.version}
+                            if "_group" in got:
+                                row["_group"] = got["_group"][i]
+                            row.update({name: cols[name][i] for name in names})
+                            finish = now + self.latency_of(r) * self.time_scale
+                            flight[r] = (finish, row, self.version)
+                            heapq.heappush(heap, (finish, seq, r))
+                            seq += 1
+                        continue
+            while heap and (heap[0][2] not in flight or flight[heap[0][2]][0] != heap[0][0]):
+                heapq.heappop(heap)  # cancelled or restarted
+            if not heap:
                 if exhausted:
                     return served
                 time.sleep(poll)
                 continue
-            wake = flight[0][0]
-            if len(flight) < self.slots and not exhausted:
-                wake = min(wake, time.monotonic() + poll)  # look for new rows meanwhile
+            wake = heap[0][0]
+            if not exhausted:
+                wake = min(wake, time.monotonic() + poll)  # new rows, cancels, weights meanwhile
             self._sleep_until(wake)
-            while flight and flight[0][0] <= time.monotonic():
-                emit(heapq.heappop(flight)[2])
-                served += 1
+            while heap and heap[0][0] <= time.monotonic():
+                finish, _, r = heapq.heappop(heap)
+                if r in flight and flight[r][0] == finish:
+                    emit(flight.pop(r)[1])
+                    served += 1
 
     def update_weights(self, weights: Any, version: int) -> None:
-        """Adopt ``weights`` as policy ``version`` (sleeps ``sync_seconds``)."""
+        """Adopt ``weights`` as policy ``version`` (sleeps ``sync_seconds``). Samples in flight
+        in :meth:`serve`: ``on_update: abort`` restarts them with the new version (counted in
+        ``aborted``); otherwise (``continue``) they keep their start version, the oldest."""
         self._sleep(self.sync_seconds)
         with self._lock:
             self.weights, self.version = weights, int(version)
             self.adopted.append(int(version))
+            self.flight_at_update.append(len(self._flight))
+        if self.spec.extra.get("on_update") == "abort" and self._flight:
+            self.aborted += len(self._flight)
+            self._restart = True
 
     # -- Scorer ------------------------------------------------------------------------------
     def logprobs(self, batch: Columns) -> Columns:
@@ -283,6 +315,22 @@ class SimEngine:
         The loss falls smoothly with the version, with a little deterministic noise."""
         n = _n_rows(batch)
         self._sleep(self.seconds_per_sample * n)
+        with self._lock:
+            self.version += 1
+            self.steps += 1
+            v = self.version
+        noise = _rng("loss", self.seed, v).gauss(0.0, 0.02)
+        return {"loss": round(1.0 / (1.0 + 0.05 * v) + noise, 6), "samples": n, "version": v}
+
+    def train_stream(self, micro_batches) -> dict[str, float]:
+        """``stream: true``: one step over micro-batches that arrive one by one, each sleeping
+        ``seconds_per_sample * its rows`` as it comes (the device works while the next is read);
+        then as :meth:`train_step`."""
+        n = 0
+        for batch in micro_batches:
+            k = _n_rows(batch)
+            self._sleep(self.seconds_per_sample * k)
+            n += k
         with self._lock:
             self.version += 1
             self.steps += 1

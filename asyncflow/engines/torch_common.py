@@ -153,3 +153,134 @@ def pad_floats(rows: list, lengths: list[int], width: int) -> torch.Tensor:
         else:
             out.append([float(row)] * n + [0.0] * (width - n))
     return torch.tensor(out, dtype=torch.float32).reshape(len(rows), width)
+
+
+# ---------------------------------------------------------------------- train steps
+# A train step is a sequence of micro-batches (all given at once by ``train_step``, or arriving
+# one by one in ``train_stream``). Each micro-batch's loss is taken *unnormalised* (normaliser 1:
+# the sum of its per-token or per-sequence terms), its gradient accumulated, and the sum of the
+# gradients divided once, at the end, by the step's normaliser, which only then is known. Every
+# aggregation of asyncflow.algos is linear in its normaliser (``total / max(normaliser, 1)``,
+# normaliser >= 1 whenever a token counts), so this is the step's mean up to summation order.
+# ``seq_sum_norm`` (Dr. GRPO) also divides by a length L, by default the padded width of the
+# batch it is given; a micro-batch's width depends on the split, so the trainers pass it
+# ``norm_length = 1`` and divide by ``sequences * L`` at the end, with L = ``norm_length`` or the
+# longest response of the *step* (what one pass over all rows would use): the result no longer
+# depends on how the step was split.
+
+NORMALISED = frozenset({"loss", "pg_loss", "value_loss"})  # loss metrics: / normaliser
+# metrics ``*_max`` are the step's maximum; metrics ``_*`` are raw sums for metrics that are not
+# token-weighted means (the critic's explained variance), kept out of the result
+EV_SUMS = ("_n", "_ret", "_ret2", "_err", "_err2")
+
+
+def explained_variance_sums(values: torch.Tensor, returns: torch.Tensor,
+                            mask: torch.Tensor) -> dict[str, float]:
+    """Sums (float64) over the masked tokens from which the explained variance of a whole
+    step, 1 - Var(R - v) / Var(R), follows exactly however it was split."""
+    m = mask.double()
+    r, e = returns.detach().double(), (returns - values).detach().double()
+    return dict(zip(EV_SUMS, (float(m.sum()), float((m * r).sum()), float((m * r * r).sum()),
+                              float((m * e).sum()), float((m * e * e).sum()))))
+
+
+@dataclass
+class Micro:
+    """One micro-batch of a train step: its role-keyed columns and, per row, the prompt and
+    response ids, the loss mask (``masks`` None: every token counts) and the tokens that count."""
+
+    cols: dict
+    prompts: list
+    responses: list
+    masks: list | None
+    counted: list[int]
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.counted)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens per row, prompt + response (what a forward pass costs)."""
+        return [len(p) + len(r) for p, r in zip(self.prompts, self.responses)]
+
+    def take(self, rows) -> "Micro":
+        rows = list(rows)
+        return Micro({k: [v[i] for i in rows] for k, v in self.cols.items()},
+                     [self.prompts[i] for i in rows], [self.responses[i] for i in rows],
+                     [self.masks[i] for i in rows] if self.masks is not None else None,
+                     [self.counted[i] for i in rows])
+
+    def pack(self, pad_id: int) -> Packed:
+        return pack(self.prompts, self.responses, pad_id, self.masks)
+
+
+class StepSums:
+    """What a train step accumulates over its micro-batches: rows, tokens that count, non-empty
+    sequences, the longest response, and the metrics (loss metrics summed unnormalised, every
+    other one summed weighted by the micro-batch's tokens)."""
+
+    def __init__(self):
+        self.rows = self.tokens = self.seqs = self.width = 0
+        self.metrics: dict[str, float] = {}
+
+    def add_rows(self, mb: Micro) -> None:
+        self.rows += len(mb)
+        self.tokens += mb.tokens
+        self.seqs += sum(1 for c in mb.counted if c)
+        self.width = max([self.width, *(len(r) for r in mb.responses)])
+
+    def add_metrics(self, metrics: dict, tokens: int) -> None:
+        for k, v in metrics.items():
+            if k.endswith("_max"):
+                self.metrics[k] = max(self.metrics.get(k, float("-inf")), float(v))
+                continue
+            self.metrics[k] = self.metrics.get(k, 0.0) + float(v) * (
+                1 if k in NORMALISED or k == "tokens" or k.startswith("_") else tokens)
+
+    def normaliser(self, agg: str, norm_length: int | None = None) -> float:
+        """The step's loss normaliser under aggregation ``agg`` (>= 1; see the section note)."""
+        if agg == "token_mean":
+            denom = self.tokens
+        elif agg == "seq_mean":
+            denom = self.seqs
+        else:  # seq_sum_norm
+            denom = self.seqs * (norm_length if norm_length is not None else self.width)
+        return float(max(denom, 1))
+
+    @classmethod
+    def merged(cls, parts: list["StepSums"]) -> "StepSums":
+        """The sums of several replicas' parts of one step."""
+        out = cls()
+        for o in parts:
+            out.rows += o.rows
+            out.tokens += o.tokens
+            out.seqs += o.seqs
+            out.width = max(out.width, o.width)
+            for k, v in o.metrics.items():
+                if k.endswith("_max"):
+                    out.metrics[k] = max(out.metrics.get(k, float("-inf")), v)
+                else:
+                    out.metrics[k] = out.metrics.get(k, 0.0) + v
+        return out
+
+    def result(self, normaliser: float, grad_norm: float, version: int) -> dict[str, float]:
+        """The trainer's metrics: loss metrics of the step's mean, token-weighted means of the
+        others, ``kl`` (``kl_ref`` else ``approx_kl``), ``grad_norm``, ``tokens``, ``rows``,
+        ``version``."""
+        m = self.metrics
+        out = {k: v / normaliser if k in NORMALISED else v if k.endswith("_max")
+               else v / max(self.tokens, 1)
+               for k, v in m.items() if k != "tokens" and not k.startswith("_")}
+        if "explained_var" in out and all(k in m for k in EV_SUMS):
+            n = max(m["_n"], 1.0)
+            var_r = m["_ret2"] / n - (m["_ret"] / n) ** 2
+            var_e = m["_err2"] / n - (m["_err"] / n) ** 2
+            out["explained_var"] = 1 - var_e / var_r if var_r > 0 else 0.0
+        out.setdefault("kl", out.get("kl_ref", out.get("approx_kl", 0.0)))
+        out.update(grad_norm=float(grad_norm), tokens=float(self.tokens), rows=float(self.rows),
+                   version=float(version))
+        return out

@@ -19,7 +19,9 @@ Task args it reads (all optional):
 ============================  =========  ==================================================
 arg                           default    meaning
 ============================  =========  ==================================================
-``max_new_tokens``            16         response length limit (eos stops earlier)
+``max_new_tokens``            16         response length cap (eos stops earlier): a number or a
+                                         distribution, drawn per row as ``hf`` draws it
+                                         (:func:`asyncflow.engines.hf_serve.length_cap`)
 ``temperature``               1.0        sampling temperature; ``<= 0`` is greedy (log-probs at
                                          T = 1, as ``hf``)
 ``top_p``                     1.0        nucleus sampling (does not change log-probs)
@@ -30,6 +32,9 @@ arg                           default    meaning
 ``gpu_memory_utilization``    0.5        GPU: the fraction of GPU memory vLLM may take
 ``enforce_eager``             true       no torch.compile / graph capture (start-up in seconds)
 ``max_num_seqs``              256        most sequences vLLM batches at once
+``slots``                     max_num_   ``serve``: requests in flight at once
+                              seqs
+``prefix_caching``            see below  vLLM's automatic prefix caching
 ============================  =========  ==================================================
 
 How it maps onto vLLM 0.32:
@@ -56,14 +61,32 @@ How it maps onto vLLM 0.32:
   would not reach the kernels), then resets the prefix cache.
 - **Head size.** vLLM's CPU attention supports head sizes 32, 64, 80, ... only: a
   ``tiny_decoder`` for it needs ``hidden / heads`` of 32 (e.g. ``hidden: 64, heads: 2``).
+- **Continuous batching** (``schedule: queue``): ``serve(pull, emit)`` drives vLLM's own
+  scheduler through its ``LLMEngine`` (``add_request`` / ``step`` / ``abort_request``) with a
+  :class:`VLLMTurnServer`; the loop around it (pulling rows, ``_cancel``, emitting) is
+  :func:`asyncflow.engines.hf_serve.serve`, shared with ``hf``. At most ``slots`` requests are
+  in vLLM at once (the rest wait in the server's queue, so a cancelled row that never started
+  costs nothing); each ``pull`` runs between two vLLM steps. A request is seeded as its row is
+  in ``generate``, so ``serve`` and ``generate`` draw the same sample for the same row. Weight
+  updates land between steps. ``on_update: abort``: every request in vLLM is aborted and
+  re-queued first (version the new one, counted in ``aborted``), then the prefix cache is
+  reset. ``continue``: requests keep their KV blocks and go on with the new weights
+  (``_version`` the one they started under); vLLM cannot reset its prefix cache while blocks are
+  in use, so such an engine starts with prefix caching off (``prefix_caching`` default: off for
+  ``continue``, on otherwise), or a new request could reuse KV blocks of the old weights.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
 import tempfile
 import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
 
 from asyncflow.engines.base import Columns, EngineSpec
 from asyncflow.tokens import Text
@@ -86,7 +109,15 @@ class VLLMEngine:
         self.threads = int(args.get("threads") or spec.extra.get("threads") or 2)
         self.temperature = float(args.get("temperature", spec.extra.get("temperature", 1.0)))
         self.top_p = float(args.get("top_p", 1.0))
-        self.max_new_tokens = int(args.get("max_new_tokens", 16))
+        from asyncflow.engines.hf_serve import length_spec
+
+        self.max_new_tokens = args.get("max_new_tokens", 16)  # a number or a distribution
+        self.length_dist = length_spec(self.max_new_tokens)
+        self.on_update = spec.extra.get("on_update")
+        self.prefix_caching = bool(args.get("prefix_caching", self.on_update != "continue"))
+        self.slots = int(args.get("slots", args.get("max_num_seqs", 256)))
+        self.cancelled = self.aborted = 0  # serve: rows cancelled / restarts on weight updates
+        self._server = None  # the VLLMTurnServer of a running serve
         self.version = 0
         self.rows_done = 0  # seeds rows of batches without ``_row``
         self.base_seed = spec.seed * 1_000_003 + spec.replica
@@ -122,7 +153,8 @@ class VLLMEngine:
         kw = dict(model=self._dir.name, skip_tokenizer_init=True,
                   dtype=a.get("dtype", "float32"), seed=self.spec.seed,
                   enforce_eager=bool(a.get("enforce_eager", True)),
-                  max_num_seqs=int(a.get("max_num_seqs", 256)))
+                  max_num_seqs=int(a.get("max_num_seqs", 256)),
+                  enable_prefix_caching=self.prefix_caching)
         if current_platform.is_cpu():
             kw["kv_cache_memory_bytes"] = int(float(a.get("kv_cache_gib", 0.25)) * 2**30)
         else:
@@ -147,15 +179,24 @@ class VLLMEngine:
         bos = self.tokenizer.bos_id
         return ([bos] if bos is not None else []) + self.tokenizer.encode(str(prompt))
 
-    def _params(self, row: int):
+    def _params(self, row, max_tokens: int | None = None):
+        """Sampling parameters of the request for ``row`` (a store row, or any key: an agent
+        turn's ``(row, turn)``); ``max_tokens`` defaults to the row's length cap."""
         from vllm import SamplingParams
 
+        from asyncflow.engines.hf_serve import length_cap, request_seed
+
         greedy = self.temperature <= 0
+        if isinstance(row, numbers.Integral):
+            seed = (self.base_seed * 1_000_000_007 + int(row)) % _SEED_MOD
+        else:
+            seed = request_seed(self.base_seed, row)
+        if max_tokens is None:
+            max_tokens = length_cap(self.length_dist, row)
         return SamplingParams(
             n=1, temperature=0.0 if greedy else 1.0,  # T is applied in the model (docstring)
-            top_p=1.0 if greedy else self.top_p, max_tokens=self.max_new_tokens, logprobs=0,
-            seed=(self.base_seed * 1_000_000_007 + int(row)) % _SEED_MOD,
-            stop_token_ids=[self.tokenizer.eos_id], detokenize=False)
+            top_p=1.0 if greedy else self.top_p, max_tokens=int(max_tokens), logprobs=0,
+            seed=seed, stop_token_ids=[self.tokenizer.eos_id], detokenize=False)
 
     def generate(self, batch: Columns) -> Columns:
         """Sample one response per row of ``batch["prompt"]``: one ``LLM.generate`` call."""
@@ -191,7 +232,9 @@ class VLLMEngine:
 
     def update_weights(self, weights, version: int) -> None:
         """Load a trainer's state dict (:meth:`HFEngine.export_weights`) into the running model;
-        takes effect for the next ``generate``."""
+        takes effect for the next ``generate`` (or the next step of ``serve``: with requests in
+        flight the prefix cache is reset by the server once they are gone, see
+        :class:`VLLMTurnServer`)."""
         state = [(k, v) for k, v in weights.items() if not k.startswith(VALUE_HEAD)]
         names = {k for k, _ in state}
         missing, unexpected = self.weight_names - names - self.tied, names - self.weight_names
@@ -202,8 +245,26 @@ class VLLMEngine:
             self.llm.collective_rpc("reload_weights",
                                     kwargs={"weights_iterator": iter(state),
                                             "is_checkpoint_format": True})
-            self.llm.reset_prefix_cache()
+            if self._server is None or not self._server.running:
+                self.llm.reset_prefix_cache()
             self.version = int(version)
+
+    # ------------------------------------------------------------------ schedule: queue
+
+    def serve(self, pull, emit) -> int:
+        """Continuous batching across calls (base.py, "scheduling"): the rows ``pull`` returns
+        become requests of a :class:`VLLMTurnServer`, each finished sample is emitted at once
+        (:func:`asyncflow.engines.hf_serve.serve` runs the loop; with an environment,
+        :func:`asyncflow.engines.multiturn.serve_episodes`). Returns how many were emitted."""
+        from asyncflow.engines import hf_serve
+
+        server = VLLMTurnServer(self)
+        self._server = server
+        try:
+            return hf_serve.serve(self, pull, emit, server=server)
+        finally:
+            self._server = None
+            server.close()
 
     def close(self) -> None:
         """Drop the vLLM engine and the temporary model directory (and vLLM's process-wide
@@ -211,6 +272,146 @@ class VLLMEngine:
         with self._lock:
             self.llm = None
             self._dir.cleanup()
+
+
+@dataclass
+class _Request:
+    key: Any
+    prefix: list[int]
+    cap: int
+    version: int = 0  # the policy version it was (last) admitted under
+
+
+class VLLMTurnServer:
+    """A :class:`asyncflow.engines.base.TurnServer` over a :class:`VLLMEngine`'s ``LLMEngine``:
+    vLLM's scheduler batches the requests (continuous batching, its own KV-cache blocks); this
+    keeps at most ``slots`` of them in vLLM, the rest in a FIFO queue.
+
+    ``submit(key, prefix_ids, max_new_tokens=None)`` queues (the cap defaults to the key's
+    length cap, the seed is the key's as in ``generate``); ``poll`` admits queued requests into
+    free slots (``LLMEngine.add_request``), runs ``LLMEngine.step`` until one finishes or the
+    timeout passes, and returns ``(key, ids, logprobs, version)`` per finished request;
+    ``cancel`` drops queued requests and aborts running ones (``LLMEngine.abort_request``).
+
+    A weight update (``engine.version`` changed) is noticed before the next step: with
+    ``on_update: abort`` every running request is aborted in vLLM and re-queued first (counted in
+    ``engine.aborted``; it restarts from its prefix under the new version); the prefix cache,
+    which vLLM resets only when no request holds blocks, is reset as soon as none does.
+    Counters: ``steps`` (``LLMEngine.step`` calls), ``peak_running``."""
+
+    def __init__(self, engine: "VLLMEngine", slots: int | None = None):
+        self.engine = engine
+        self.core = engine.llm.llm_engine
+        self.slots = max(1, int(slots if slots is not None else engine.slots))
+        self.queue: deque[_Request] = deque()
+        self.running: dict[str, _Request] = {}  # vLLM request id -> request
+        self._keys: set = set()
+        self.version = int(engine.version)
+        self.stale_prefix = False  # weights changed while blocks were held: reset when free
+        self.finished: list[tuple[Any, list[int], list[float], int]] = []
+        self.steps = self.peak_running = 0
+        self._ids = 0
+
+    # -- the protocol ------------------------------------------------------------------------
+    def submit(self, key: Any, prefix_ids: list[int], max_new_tokens: int | None = None) -> None:
+        from asyncflow.engines.hf_serve import length_cap
+
+        if key in self._keys:
+            raise ValueError(f"request {key!r} is already in flight")
+        if not prefix_ids:
+            raise ValueError(f"request {key!r} has an empty prefix")
+        cap = (max(1, int(max_new_tokens)) if max_new_tokens is not None
+               else length_cap(self.engine.length_dist, key))
+        self.queue.append(_Request(key, [int(t) for t in prefix_ids], cap))
+        self._keys.add(key)
+
+    def poll(self, timeout_s: float = 0.0) -> list[tuple[Any, list[int], list[float], int]]:
+        """Step until a request finishes or ``timeout_s`` passes (at least one step when any
+        request is in flight); return the finished ``(key, ids, logprobs, version)``."""
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        while self.queue or self.running:
+            self.step()
+            if self.finished or time.monotonic() >= deadline:
+                break
+        else:
+            left = deadline - time.monotonic()
+            if left > 0 and not self.finished:
+                time.sleep(left)
+        out, self.finished = self.finished, []
+        return out
+
+    def cancel(self, keys) -> int:
+        """Drop the queued or running requests among ``keys``; returns how many were."""
+        drop = {k for k in keys if k in self._keys}
+        if not drop:
+            return 0
+        self.queue = deque(r for r in self.queue if r.key not in drop)
+        gone = [rid for rid, r in self.running.items() if r.key in drop]
+        if gone:
+            with self.engine._lock:
+                self.core.abort_request(gone)
+            for rid in gone:
+                del self.running[rid]
+        self._keys -= drop
+        return len(drop)
+
+    def in_flight(self) -> int:
+        return len(self.queue) + len(self.running)
+
+    def close(self) -> None:
+        """Abort whatever is still in vLLM (a stopped ``serve``), so ``generate`` starts clean."""
+        if self.running:
+            with self.engine._lock:
+                self.core.abort_request(list(self.running))
+            self.running.clear()
+        self.queue.clear()
+        self._keys.clear()
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self) -> None:
+        """Notice a weight update, admit queued requests into free slots, run one vLLM step and
+        collect the requests it finished."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        e = self.engine
+        with e._lock:
+            version = int(e.version)
+            if version != self.version:
+                self.version = version
+                self.stale_prefix = True
+                if e.on_update == "abort" and self.running:
+                    self.core.abort_request(list(self.running))
+                    e.aborted += len(self.running)
+                    for r in reversed(list(self.running.values())):
+                        self.queue.appendleft(r)
+                    self.running.clear()
+            if self.stale_prefix and not self.running:
+                self.stale_prefix = not e.llm.reset_prefix_cache()
+            while self.queue and len(self.running) < self.slots:
+                r = self.queue.popleft()
+                r.version = self.version
+                params = e._params(r.key, r.cap)
+                params.output_kind = RequestOutputKind.FINAL_ONLY
+                rid = f"asyncflow-{self._ids}"
+                self._ids += 1
+                self.core.add_request(rid, TokensPrompt(prompt_token_ids=r.prefix), params)
+                self.running[rid] = r
+            self.peak_running = max(self.peak_running, len(self.running))
+            if not self.running:
+                return
+            outputs = self.core.step()
+            self.steps += 1
+        for out in outputs:
+            r = self.running.get(out.request_id)
+            if r is None or not out.finished:
+                continue
+            del self.running[out.request_id]
+            self._keys.discard(r.key)
+            sample = out.outputs[0]
+            ids = [int(t) for t in sample.token_ids]
+            lps = [float(step[t].logprob) for t, step in zip(ids, sample.logprobs)]
+            self.finished.append((r.key, ids, lps, r.version))
 
 
 # vLLM warnings that this engine's set-up makes expected (it skips vLLM's tokenizer on purpose;
@@ -221,6 +422,8 @@ _EXPECTED = {
     "vllm.renderers.base": ("Chat template warmup failed",
                             "Using None for EOS token id because tokenizer"),
     "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load",),
+    # serve hands vLLM's LLMEngine.add_request token ids, which vLLM 0.32 renders itself
+    "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
 }
 
 

@@ -8,6 +8,7 @@ from typing import Iterator
 import networkx as nx
 
 from asyncflow.dsl import ast
+from asyncflow.kinds import SCHED_KEYS
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class Graph:
                          if getattr(d, a) is not None]
                 if d.pool is not None or d.replicas != 1:
                     attrs.append(f"replicas={d.replicas}")
+                attrs += [f"{a}={getattr(d, a)}" for a in SCHED_KEYS if getattr(d, a) is not None]
                 lines.append(f"  task {n}: {d.kind} ({', '.join(d.inputs)}) -> "
                              f"({', '.join(d.outputs)}) {' '.join(attrs)}".rstrip())
             if meta and self.g.nodes[n]["meta"]:

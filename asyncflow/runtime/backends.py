@@ -34,6 +34,9 @@ class Control:
         self._rewards: list = []
         self._drop_log: list[tuple[float, int, str]] = []  # (time, rows, reason)
         self._removed: set[int] = set()  # rows dropped from the store
+        self._removals: list[tuple[list[int], str]] = []  # every note_drops, in order
+        self._cursor: dict[str, int] = {}  # worker -> how many removals it has been told of
+        self._chosen: dict[int, list[int]] = {}  # step -> the rows the primary trainer took
         self._errors: list[tuple[str, str, str]] = []
         self._seen: dict[str, float] = {}
         self._beats: dict[str, dict] = {}  # worker -> its last heartbeat (op, since, progress)
@@ -56,9 +59,11 @@ class Control:
     # -- workers -----------------------------------------------------------------------------
     def sync(self, worker: str, spans: list, state: dict, known: dict,
              wait_s: float = 0.0) -> dict:
-        """A worker's heartbeat: its spans and state in; the stop flag and the newer weights
-        out. ``wait_s`` > 0: wait up to that long for a newer version when there is none yet
-        (a rollout the staleness gate holds back)."""
+        """A worker's heartbeat: its spans and state in; the stop flag, the newer weights and
+        the rows removed from the store since its last sync (``dropped``: ``(rows, reason)``
+        pairs: a rollout cancels them in flight, a trainer's window skips them) out.
+        ``wait_s`` > 0: wait up to that long for a newer version when there is none yet (a
+        rollout the staleness gate holds back)."""
         with self._lock:
             self._spans.extend(spans)
             self._busy[worker] = float(state.get("busy", 0.0))
@@ -69,8 +74,11 @@ class Control:
             for rows, reason in state.get("drops", ()):
                 self._drop_log.append((time.time(), len(rows), reason))
             stop = self._stop
+            seen = self._cursor.get(worker, 0)
+            dropped = self._removals[seen:]
+            self._cursor[worker] = len(self._removals)
         newer = self.board.newer(known, 0.0 if stop else wait_s) if known else {}
-        return {"stop": stop or self._stop, "newer": newer}
+        return {"stop": stop or self._stop, "newer": newer, "dropped": dropped}
 
     def publish(self, model: str, version: int, box: list) -> None:
         self.board.publish(model, version, box)
@@ -80,9 +88,23 @@ class Control:
             self._reports.append((task, report))
 
     def note_drops(self, rows: list[int], reason: str) -> None:
+        """Rows removed from the store (a filter, staleness, a redundant group cancelled): every
+        worker hears of them at its next sync."""
+        rows = [int(r) for r in rows]
         with self._lock:
-            self._removed.update(int(r) for r in rows)
+            self._removed.update(rows)
+            self._removals.append((rows, reason))
             self._drop_log.append((time.time(), len(rows), reason))
+
+    def choose(self, step: int, rows: list[int]) -> None:
+        """The primary trainer's rows of ``step`` (first_ready, redundancy): the other train
+        tasks train exactly these."""
+        with self._lock:
+            self._chosen[int(step)] = [int(r) for r in rows]
+
+    def chosen(self, step: int) -> list[int] | None:
+        with self._lock:
+            return self._chosen.get(int(step))
 
     def dropped_rows(self, lo: int, hi: int) -> int:
         with self._lock:

@@ -281,7 +281,8 @@ class Driver:
         store = be.make_store(plan)
         self.store = store
         if start:  # rows of steps < start were trained before the checkpoint
-            ckpt.start_rows_at(store, start * st.samples_per_step)
+            ckpt.start_rows_at(store, start * (st.launch_groups or st.prompts_per_step)
+                               * st.samples_per_prompt)
         for t in plan.tasks:
             store.register_task(t.name, list(t.inputs))
         worker_ctl, ctl = be.make_control()
@@ -301,7 +302,9 @@ class Driver:
         drops: dict[str, int] = {}
         done: dict[str, int] = {t: start for t in trainers}
         pending_reports: dict[int, dict] = {}  # step -> {task: report}
-        fed = start  # steps fed so far
+        launch = st.launch_groups or st.prompts_per_step  # groups launched per step
+        spp = st.samples_per_prompt
+        fed = start * launch  # groups fed so far
         interrupted = False
         last = {"t": t0, "busy": {}, "exposed": {}, "drops": 0}
         self._beats: dict = {}
@@ -320,7 +323,7 @@ class Driver:
             self._status = {w: "running" for w in self._status}
             self._write_workers(be)
             last["t"] = self.ready = time.time()  # step 0's clock starts when rows can flow
-            fed = self._feed(store, prompts, fed, min(st.steps, start + ahead))
+            fed = self._feed(store, prompts, fed, min(st.steps, start + ahead) * launch)
             last_expire = time.time()
             watch = {"t": time.time(), "key": None, "beat_t": 0.0}
             while True:
@@ -357,7 +360,7 @@ class Driver:
                     for task in trainers:
                         train_rows.append(s, task, reps[task]["rows"])
                     if any(r.get("checkpoint") for r in reps.values()):
-                        ckpt.close(self.out_dir, s + 1, steps=st.steps, fed=fed,
+                        ckpt.close(self.out_dir, s + 1, steps=st.steps, fed=-(-fed // launch),
                                    prompts_per_step=st.prompts_per_step,
                                    samples_per_step=st.samples_per_step, metrics=metrics.rows,
                                    train_rows=train_rows.rows, store=store)
@@ -365,11 +368,15 @@ class Driver:
                         self.on_step(row)
                 version = min(done.values()) if done else st.steps
                 try:
-                    if fed < st.steps:
-                        fed = self._feed(store, prompts, fed, min(st.steps, version + ahead))
+                    # groups launched up to the steps the channels may hold, plus one new group
+                    # for every group dropped for a replaced reason (refill, first_ready)
+                    replaced = sum(drops.get(r, 0) for r in st.replace) // spp
+                    self._refilled = replaced
+                    fed = self._feed(store, prompts, fed,
+                                     min(st.steps, version + ahead) * launch + replaced)
                     if trainers and all(done[t] >= st.steps for t in trainers):
                         break
-                    if not trainers and fed >= st.steps and self._all_consumed(store, fed):
+                    if not trainers and fed >= st.steps * launch and self._all_consumed(store, fed):
                         break
                     self._supervise(be, store, ctl)
                     if time.time() - last_expire > 0.25:
@@ -433,21 +440,22 @@ class Driver:
         return max(1, -(-max(caps, default=sps) // sps))
 
     def _feed(self, store, prompts: list[dict], fed: int, upto: int) -> int:
-        """Add the rows of steps ``fed .. upto - 1``; returns ``upto``."""
+        """Add groups ``fed .. upto - 1`` (group ``k`` is prompt ``k``, replicated
+        ``samples_per_prompt`` times); returns ``upto``."""
         st = self.plan.step
         if upto <= fed:
             return fed
-        pps, spp, sps = st.prompts_per_step, st.samples_per_prompt, st.samples_per_step
+        spp = st.samples_per_prompt
         fields = list(prompts[0])
         cols: dict[str, list] = {f: [] for f in fields}
         groups: list[int] = []
-        for k in range(fed * pps, upto * pps):
+        for k in range(fed, upto):
             p = prompts[k % len(prompts)]
             for f in fields:
                 cols[f].extend([p[f]] * spp)
             groups.extend([k] * spp)
         rows = store.add_rows(cols, groups)
-        want = list(range(fed * sps, upto * sps))
+        want = list(range(fed * spp, upto * spp))
         if list(rows) != want:
             raise RunError(f"store numbered rows {rows[:3]}..., expected {want[:3]}... "
                            "(a step must own a contiguous row range)")
@@ -636,7 +644,7 @@ class Driver:
 
     def _all_consumed(self, store, fed: int) -> bool:
         s = store.stats()
-        total = fed * self.plan.step.samples_per_step - sum(s.get("drops", {}).values())
+        total = fed * self.plan.step.samples_per_prompt - sum(s.get("drops", {}).values())
         return all(t["consumed"] >= total for t in s["tasks"].values())
 
     def _check_workers(self, be) -> None:
@@ -681,7 +689,8 @@ class Driver:
             queue = {t.name: store.pending(t.name) for t in self.plan.tasks}
         except Exception:
             queue = {}
-        n_drop = sum(v for k, v in drops.items() if k != "filter")
+        n_drop = sum(v for k, v in drops.items() if k not in ("filter", "redundant"))
+        stats = c.get("stats") or {}
         row = {
             "step": s, "version": rep["version"], "time": round(now - t0, 6),
             "step_time": round(window, 6), "samples": len(rows),
@@ -691,6 +700,9 @@ class Driver:
             "staleness_max": max(stl) if stl else None,
             "dropped": n_drop - last["drops"],
             "filtered": drops.get("filter", 0),
+            "refilled": getattr(self, "_refilled", 0),
+            "cancelled": drops.get("redundant", 0),
+            "aborted": sum(int(v.get("aborted", 0)) for v in stats.values()),
             "utilization": {p: round(u, 4) for p, u in sorted(util.items())},
             "bubble_fraction": round(bubble, 4) if bubble is not None else None,
             "queue_depth": queue, "exposed_sync_s": round(exposed_s, 6),

@@ -20,6 +20,15 @@ The rules (the tests cite them by number):
 5. ``alpha = 0`` is the synchronous schedule: step ``s`` starts only once version ``s`` is out,
    i.e. after train step ``s - 1``; the trainer always sees its whole step at once, ordered by
    row index, so the batches and their order are those of the synchronous plan.
+
+The scheduling keys (docs/language.md, "Scheduling keys") generalise the numbering without
+changing the rules: with ``redundancy`` a step *launches* ``launch_groups`` groups (its rows are
+``launch_rows = launch_groups * samples_per_prompt`` long) and trains ``prompts_per_step`` of them;
+with replacement (``refill``, ``consume: first_ready``) every group dropped for a replaceable
+reason is replaced by a new one fed after all others, so a producer may start ``extra`` rows more
+(:meth:`Gate.max_row`'s ``extra``: the replaced rows seen so far). Rule 3 then reads "a row may be
+written with the version that may start it" (:meth:`Gate.fresh_enough`), and rule 4 is checked
+against the step that trains the row, whichever that is.
 """
 from __future__ import annotations
 
@@ -29,22 +38,29 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Gate:
     alpha: int  # max_staleness of the sync edge
-    samples_per_step: int
+    samples_per_step: int  # rows trained per step
     steps: int  # total train steps (rows past the last step never exist)
+    launch_rows: int = 0  # rows launched per step (redundancy); 0: samples_per_step
+
+    @property
+    def per_step(self) -> int:
+        return self.launch_rows or self.samples_per_step
 
     def step_of(self, row: int) -> int:
-        return int(row) // self.samples_per_step
+        """The step ``row`` was launched for (the step that trains it is never later)."""
+        return int(row) // self.per_step
 
     def rows_of(self, step: int) -> range:
-        return range(step * self.samples_per_step, (step + 1) * self.samples_per_step)
+        return range(step * self.per_step, (step + 1) * self.per_step)
 
     def max_step(self, version: int) -> int:
         """The last step a producer holding ``version`` may start (rule 2)."""
         return min(version + self.alpha, self.steps - 1)
 
-    def max_row(self, version: int) -> int:
-        """Exclusive upper bound on the rows a producer holding ``version`` may lease (rule 2)."""
-        return (self.max_step(version) + 1) * self.samples_per_step
+    def max_row(self, version: int, extra: int = 0) -> int:
+        """Exclusive upper bound on the rows a producer holding ``version`` may lease (rule 2);
+        ``extra``: rows fed to replace dropped ones."""
+        return (self.max_step(version) + 1) * self.per_step + int(extra)
 
     def may_start(self, step: int, version: int) -> bool:
         return version >= step - self.alpha
@@ -56,6 +72,6 @@ class Gate:
         """Rule 4: may train step ``train_step`` consume a row of ``version``."""
         return self.staleness(train_step, version) <= self.alpha
 
-    def fresh_enough(self, row: int, version: int) -> bool:
+    def fresh_enough(self, row: int, version: int, extra: int = 0) -> bool:
         """Rule 3: may a rollout write ``row`` generated with ``version``."""
-        return self.step_of(row) - version <= self.alpha
+        return int(row) < (version + self.alpha + 1) * self.per_step + int(extra)

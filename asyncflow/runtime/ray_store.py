@@ -403,6 +403,20 @@ class _Shard:
             self._drop_chunk(cid)
         return ok
 
+    def ack_rows(self, lease_id: int, rows: list[int], columns: dict | None = None) -> bool:
+        cols, cid = self._ingest(columns, rows) if columns else (None, None)
+        try:
+            ok = self.store.ack_rows(lease_id, rows, cols)
+        except BaseException:
+            self._drop_chunk(cid)
+            raise
+        if not ok:
+            self._drop_chunk(cid)
+        return ok
+
+    def release_rows(self, lease_id: int, rows: list[int]) -> bool:
+        return self.store.release_rows(lease_id, rows)
+
     def trim(self, lease_id: int, keep: list[int]) -> bool:
         """Give back the rows of a live lease that are not in ``keep`` (the handle's surplus)."""
         st = self.store
@@ -820,6 +834,24 @@ class RayStore:
         if not refs:
             return False
         return all(_get(refs))
+
+    def ack_rows(self, lease_id: int | Lease, rows: list[int], columns: dict | None = None) -> bool:
+        """As :meth:`SampleStore.ack_rows`: each shard acks its part of ``rows``."""
+        lid = getattr(lease_id, "id", lease_id)
+        parts = _unpack(lid, len(self._shards))
+        rows = [int(r) for r in rows]
+        split = self._split(rows, columns or {})
+        refs = [self._shards[s].ack_rows.remote(parts[s], r_s, _pack_cols(c_s) if columns else None)
+                for s, (r_s, c_s) in split.items() if s in parts]
+        return bool(refs) and all(_get(refs))
+
+    def release_rows(self, lease_id: int | Lease, rows: list[int]) -> bool:
+        lid = getattr(lease_id, "id", lease_id)
+        parts = _unpack(lid, len(self._shards))
+        split = self._split([int(r) for r in rows], {})
+        refs = [self._shards[s].release_rows.remote(parts[s], r_s)
+                for s, (r_s, _) in split.items() if s in parts]
+        return bool(refs) and all(_get(refs))
 
     def release(self, lease_id: int | Lease) -> bool:
         lid = getattr(lease_id, "id", lease_id)

@@ -524,6 +524,64 @@ class SampleStore:
             t.order.append((self._clock(), rec.rows))
             return True
 
+    def ack_rows(self, lease_id: int | Lease, rows: list[int],
+                 columns: dict[str, list] | None = None) -> bool:
+        """:meth:`ack` of some of a live lease's rows (``columns`` for those rows, in ``rows``'
+        order): they are written and consumed now, the rest stay leased (a continuous-batching
+        rollout writes each sample as it finishes). The lease ends with its last row. False
+        (and counted, as a stale ack) if the lease is not live; rows it does not hold are a
+        StoreError."""
+        lease_id = getattr(lease_id, "id", lease_id)
+        with self._cv:
+            rec = self._leases.get(lease_id)
+            if rec is None:
+                self._counters["stale_acks"] += 1
+                return False
+            pos, keep = self._part(rec, rows)
+            if columns:
+                self._write_pos(pos, columns)
+            t = rec.task
+            t.held[pos] = False
+            t.n_held -= len(pos)
+            t.consumed[pos] = True
+            t.n_consumed += len(pos)
+            t.order.append((self._clock(), [int(r) for r in rows]))
+            self._shrink(rec, keep)
+            return True
+
+    def release_rows(self, lease_id: int | Lease, rows: list[int]) -> bool:
+        """Give some of a live lease's rows back unconsumed; the rest stay leased."""
+        lease_id = getattr(lease_id, "id", lease_id)
+        with self._cv:
+            rec = self._leases.get(lease_id)
+            if rec is None:
+                return False
+            pos, keep = self._part(rec, rows)
+            rec.task.held[pos] = False
+            rec.task.n_held -= len(pos)
+            self._changes += 1
+            self._cv.notify_all()
+            self._shrink(rec, keep)
+            return True
+
+    def _part(self, rec: _LeaseRec, rows) -> tuple[np.ndarray, np.ndarray]:
+        """(positions of ``rows`` in ``rec``, in ``rows``' order; mask of the rows it keeps)."""
+        at = {int(r): i for i, r in enumerate(rec.rows)}
+        try:
+            idx = np.asarray([at[int(r)] for r in rows], np.int64)
+        except KeyError as e:
+            raise StoreError(f"row {e.args[0]} is not in lease {rec.id}") from None
+        keep = np.ones(len(rec.rows), bool)
+        keep[idx] = False
+        return rec.pos[idx], keep
+
+    def _shrink(self, rec: _LeaseRec, keep: np.ndarray) -> None:
+        if not keep.any():
+            del self._leases[rec.id]
+            return
+        rec.pos = rec.pos[keep]
+        rec.rows = [r for r, k in zip(rec.rows, keep.tolist()) if k]
+
     def release(self, lease_id: int | Lease) -> bool:
         """Give a lease's rows back unconsumed. False if the lease is not live."""
         lease_id = getattr(lease_id, "id", lease_id)

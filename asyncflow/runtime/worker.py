@@ -50,6 +50,7 @@ from asyncflow.runtime.gate import Gate
 from asyncflow.runtime.tasks import runner_for
 from asyncflow.runtime.trace import Recorder
 from asyncflow.runtime.weights import Adopter, publish
+from asyncflow.runtime.windows import Windows
 
 
 class Crash(BaseException):
@@ -79,7 +80,9 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              # the main job 7x slower)
              "threads": max(1, task.devices_per_replica) if plan.device_kind == "CPU" else None,
              # scorers and trainers see log-probs at the temperature the rollout sampled with
-             "temperature": _rollout_temperature(plan), "search_path": list(paths)}
+             "temperature": _rollout_temperature(plan), "search_path": list(paths),
+             # the scheduling keys an engine acts on (engines/base.py, "scheduling")
+             "schedule": task.schedule, "on_update": task.on_update, "stream": task.stream}
     env = getattr(task, "env", None)
     if env:  # a multi-turn rollout: the environment factory and the task args it accepts
         from asyncflow.refs import accepted, resolve
@@ -146,11 +149,37 @@ class Worker:
         self.loop = kinds.KINDS[self.task.kind].loop
         # gate rule 2: alpha is the WAIT ops' max_lag (the smallest of the task's sync edges)
         lags = [o.max_lag for o in self.body if o.kind == "WAIT" and o.max_lag is not None]
-        sps, steps = self.st.samples_per_step, self.st.steps
-        self.gate: Gate | None = Gate(min(lags), sps, steps) if lags else None
+        sps, steps, spp = self.st.samples_per_step, self.st.steps, self.st.samples_per_prompt
+        # the scheduling keys: groups launched per step (redundancy), drop reasons replaced by
+        # new groups (refill, first_ready), and the trainer's step windows over them
+        self.launch = int(self.st.launch_groups or self.st.prompts_per_step)
+        self.windows = Windows(spp, self.launch, self.st.replace)
+        launch_rows = self.launch * spp
+        self.gate: Gate | None = Gate(min(lags), sps, steps, launch_rows) if lags else None
         # gate rule 4 for a trainer: the staleness its published versions may carry
         self.accept = Gate(max((s.max_staleness for s in self.plan.sync if s.src == self.task.name),
-                               default=0), sps, steps)
+                               default=0), sps, steps, launch_rows)
+        self.on_update = self.task.on_update or "finish"
+        self.consume = self.task.consume or "in_order"
+        trainers = [t.name for t in self.plan.tasks if t.kind == "train"]
+        srcs = [s.src for s in self.plan.sync if s.src in trainers]
+        # the train task whose choice of rows the others follow (first_ready, redundancy)
+        self.primary = (srcs or trainers or [None])[0]
+        chooses = (self.loop == "train" and len(trainers) > 1
+                   and (self.launch != self.st.prompts_per_step
+                        or any(t.consume == "first_ready" for t in self.plan.tasks)))
+        self.leads = chooses and self.task.name == self.primary  # records its rows per step
+        self.follows = chooses and self.task.name != self.primary  # trains those rows
+        self._g0 = int(self.opt.get("start_step", 0)) * self.launch  # the next window's group
+        if self.opt.get("start_row") is not None:
+            self._g0 = int(self.opt["start_row"]) // spp
+        self._cancel_q: list[int] = []  # rows removed while perhaps in flight (serve loop)
+        self._in_flight = 0  # samples a serve loop has in its engine
+        self._newest = 0  # the newest policy version published, as far as this worker knows
+        # first_ready: a sample in flight that no train step may take any more is cancelled
+        # and replaced at once (not generated to the end and dropped)
+        self.hopeless = (self.loop == "serve" and self.gate is not None
+                         and "staleness" in self.st.replace and self.on_update != "abort")
         self.models_in = sorted({o.model for o in self.body if o.kind == "ADOPT" and o.model})
         self.publish_every = max((int(s.publish_every or 1) for s in self.plan.sync
                                   if s.src == self.task.name), default=1)
@@ -213,6 +242,9 @@ class Worker:
             return self._stopped
         self._last_sync = now
         known = dict(self.adopter.known) if self.adopter else {}
+        for k in ("aborted", "cancelled"):  # the engine's in-flight samples restarted / dropped
+            if hasattr(self.engine, k):
+                self._stats[k] = int(getattr(self.engine, k))
         state = {"busy": self.rec.busy(), "exposed_s": self.adopter.exposed_s if self.adopter else 0.0,
                  "rewards": self._rewards, "drops": self._drops, "stats": dict(self._stats)}
         self._rewards, self._drops = [], []
@@ -220,6 +252,11 @@ class Worker:
         self._stopped = bool(reply.get("stop"))
         if reply.get("newer"):
             self._newer = reply["newer"]
+            self._newest = max([self._newest] + [int(v[0]) for v in self._newer.values()])
+        for rows, reason in reply.get("dropped") or ():
+            self.windows.note(rows, reason)
+            if self.loop == "serve":
+                self._cancel_q.extend(rows)
         return self._stopped
 
     # ------------------------------------------------------------------ bindings
@@ -432,13 +469,19 @@ class Worker:
 
     def _max_row(self) -> int | None:
         """Gate rule 2: the rows this worker's version may start."""
-        return None if self.gate is None else self.gate.max_row(self._version() or 0)
+        return None if self.gate is None else self.gate.max_row(self._version() or 0, self._extra())
+
+    def _extra(self) -> int:
+        """Rows fed to replace removed groups, as far as this worker has heard (gate rule 2)."""
+        spp = self.st.samples_per_prompt
+        return self.windows.replaced_rows // spp * spp
 
     def _fresh(self, rows: list[int], version: int | None) -> list[int]:
         """Rows that may not be written with ``version`` (gate rule 3)."""
         if self.gate is None or version is None:
             return []
-        return [r for r in rows if not self.gate.fresh_enough(r, version)]
+        extra = self._extra()
+        return [r for r in rows if not self.gate.fresh_enough(r, version, extra)]
 
     # ------------------------------------------------------------------ loops
     def _loop_batches(self) -> None:
@@ -468,9 +511,27 @@ class Worker:
             step += 1
         self._sync(force=True)
 
+    def _flush_rows(self, v: dict, rows: list[int], post: list[Op]) -> None:
+        """Run a serve loop's ops after COMPUTE (its WRITE) on finished ``rows`` of lease
+        ``v`` (acked as some of the lease's rows: the lease ends with its last)."""
+        cols = self._to_fields({r: [v["done"][x].get(r) for x in rows]
+                                for _, r in self.roles_out}, rows)
+        versions = [v["done"][r].get("_version", v["version"]) for r in rows]
+        self._check()
+        it = {"lease": v["lease"], "rows": rows, "out": cols, "versions": versions,
+              "version": min(versions), "end": time.time(), "partial": True}
+        for op in post:
+            self._enter(op.kind)
+            if not self.ops[op.kind](op, it):
+                break
+        self._enter("COMPUTE")
+
     def _loop_serve(self) -> None:
         """``pull`` runs the ops up to the READ (at most ``chunk`` rows a lease); the engine
-        computes; a lease whose rows are all done runs the ops after COMPUTE (its WRITE)."""
+        computes; a lease whose rows are all done (or cancelled) runs the ops after COMPUTE (its
+        WRITE). Rows removed from the store while in flight (a redundant group, a stale sample)
+        go to the engine as ``_cancel`` with the next pull; ``on_update: finish`` defers new
+        weights until nothing is in flight (the ADOPT op)."""
         eng = self.engine
         k = next(i for i, op in enumerate(self.body) if op.kind == "READ")
         pre, read = self.body[:k + 1], self.body[k]
@@ -478,43 +539,79 @@ class Worker:
         slots = max(1, int(getattr(eng, "slots", 64)))
         leases: dict[int, dict] = {}  # lease id -> {"lease", "done": {row: outputs}, ...}
         row_lease: dict[int, int] = {}
-        in_flight = [0]
         last_empty = [0.0]
         lanes: list[int] = []  # lane -> 1 busy / 0 free (trace lanes of concurrent leases)
 
-        def flush_done() -> None:
-            for lid in [l for l, v in leases.items() if len(v["done"]) == len(v["rows"])]:
-                v = leases.pop(lid)
+        flush_s = float(self.opt.get("flush_s", 0.005))
+        last_flush = [0.0]
+
+        def flush_done(force: bool = False) -> None:
+            """Write finished samples: a lease's new ones every ``flush_s`` (one ack of those
+            rows; the rest stay leased), and a lease whose rows are all done or cancelled."""
+            now = time.time()
+            due = force or now - last_flush[0] >= flush_s
+            if due:
+                last_flush[0] = now
+            for lid in list(leases):
+                v = leases[lid]
                 rows = v["rows"]
-                cols = self._to_fields({r: [v["done"][x].get(r) for x in rows]
-                                        for _, r in self.roles_out}, rows)
-                versions = [v["done"][r].get("_version", v["version"]) for r in rows]
-                t = time.time()
-                self.rec.span("COMPUTE", len(rows), v["start"], t, min(versions),
-                              self.gate.step_of(rows[0]) if self.gate else None, lane=v["lane"])
-                lanes[v["lane"]] = 0
-                self._check()
-                it = {"lease": v["lease"], "rows": rows, "out": cols, "versions": versions,
-                      "version": min(versions), "end": t}
-                for op in post:
-                    self._enter(op.kind)
-                    if not self.ops[op.kind](op, it):
-                        break
-                self._enter("COMPUTE")
+                complete = len(v["done"]) + len(v["cancelled"]) == len(rows)
+                new = [r for r in rows if r in v["done"] and r not in v["written"]]
+                if not (complete or (due and new)):
+                    continue
+                if new:
+                    self._flush_rows(v, new, post)
+                    v["written"].update(new)
+                if complete:
+                    del leases[lid]
+                    lanes[v["lane"]] = 0
+                    if v["cancelled"]:  # dropped rows: consumed unwritten, the lease ends
+                        self.store.ack_rows(v["lease"].id, sorted(v["cancelled"]))
+                    self._unhold(v["lease"].id)
+                    self.rec.span("COMPUTE", len(v["done"]), v["start"], time.time(),
+                                  v["version"], self.gate.step_of(rows[0]) if self.gate else None,
+                                  lane=v["lane"])
+
+        def cancels() -> list[int]:
+            """In-flight rows removed from the store since the last pull (and, with
+            first_ready, rows started with a version no train step may take any more)."""
+            if self.hopeless and self._newest - self.gate.alpha > 0:
+                oldest = self._newest - self.gate.alpha
+                late = [r for r, lid in row_lease.items()
+                        if (leases[lid]["version"] or 0) < oldest]
+                if late:
+                    self._remove(late, "staleness")
+                    self._cancel_q.extend(late)
+            out = []
+            for r in self._cancel_q:
+                lid = row_lease.pop(int(r), None)
+                if lid is not None:
+                    leases[lid]["cancelled"].add(int(r))
+                    out.append(int(r))
+            self._cancel_q = []
+            if out:
+                now = time.time()
+                self.rec.span("CANCEL", len(out), now, now)
+                self._in_flight -= len(out)
+                self.rec.occupancy(min(1.0, self._in_flight / slots))
+                flush_done()
+            return out
 
         def pull(n: int):
             if self._sync():
                 raise Stop()
             flush_done()
-            if time.time() - last_empty[0] < self.backoff:
-                return {}
+            gone = cancels()
+            extra = {"_cancel": gone} if gone else {}
+            if n <= 0 or time.time() - last_empty[0] < self.backoff:
+                return extra
             it: dict = {"pull": min(n, read.chunk or read.rows)}
             for op in pre:
                 self._enter(op.kind)
                 if not self.ops[op.kind](op, it):
                     last_empty[0] = time.time()
                     self._enter("COMPUTE")
-                    return {}
+                    return extra
             self._enter("COMPUTE")
             self._inject(self._step_of_rows(it["rows"]), it["rows"])
             lease = it["lease"]
@@ -523,23 +620,26 @@ class Worker:
                 lanes.append(1)
             lanes[lane] = 1
             leases[lease.id] = {"lease": lease, "rows": list(lease.rows), "done": {},
-                                "start": time.time(), "version": self._version(), "lane": lane}
+                                "cancelled": set(), "written": set(), "start": time.time(),
+                                "version": self._version(), "lane": lane}
             for r in lease.rows:
                 row_lease[r] = lease.id
-            in_flight[0] += len(lease.rows)
-            self.rec.occupancy(min(1.0, in_flight[0] / slots))
-            return self._to_roles(lease.columns)
+            self._in_flight += len(lease.rows)
+            self.rec.occupancy(min(1.0, self._in_flight / slots))
+            return {**self._to_roles(lease.columns), **extra}
 
         def emit(row: dict) -> None:
             self._check()
             r = int(row["_row"])
-            lid = row_lease.pop(r)
+            lid = row_lease.pop(r, None)
+            if lid is None:  # cancelled while the engine finished it: never written
+                return
             row = self._nan(r // self.st.samples_per_step, row)
             self._progress += 1
             leases[lid]["done"][r] = row
-            in_flight[0] -= 1
-            self.rec.occupancy(min(1.0, in_flight[0] / slots))
-            if len(leases[lid]["done"]) == len(leases[lid]["rows"]):
+            self._in_flight -= 1
+            self.rec.occupancy(min(1.0, self._in_flight / slots))
+            if len(leases[lid]["done"]) + len(leases[lid]["cancelled"]) == len(leases[lid]["rows"]):
                 flush_done()
 
         try:
@@ -561,11 +661,18 @@ class Worker:
 
     def _adopt(self, op: Op, it: dict) -> bool:
         """Take up the newer weights the last heartbeat offered (between requests)."""
+        if "pull" in it and self.on_update == "finish" and self._in_flight > 0:
+            return True  # on_update: finish -- in-flight samples end with the old weights first
         newer, self._newer = self._newer, {}
         if newer and self.adopter is not None and not self._stopped:
             t = time.time()
+            aborted = int(getattr(self.engine, "aborted", 0))
             if self.adopter.adopt(newer):
                 self.rec.span("ADOPT", 0, t, version=self.adopter.version)
+                gone = int(getattr(self.engine, "aborted", 0)) - aborted
+                if gone > 0:  # on_update: abort -- the samples in flight start again
+                    now = time.time()
+                    self.rec.span("ABORT", gone, now, now, version=self.adopter.version)
         return True
 
     def _read(self, op: Op, it: dict) -> bool:
@@ -597,48 +704,27 @@ class Worker:
         return True
 
     def _read_step(self, op: Op, it: dict) -> bool:
-        """READ inside one step: ``op.rows`` at a time until every row of the step that is not
-        dropped is leased; a trainer drops rows beyond its staleness bound (gate rule 4) and
-        reads again. The leases' columns are joined in row order."""
-        sps = self.st.samples_per_step
+        """READ inside one step, ``op.rows`` at a time (:meth:`_step_leases`). A streaming
+        trainer (``stream: true``) gets the reads as a generator that its COMPUTE drains micro-
+        batch by micro-batch; otherwise every lease is taken first and their columns are joined
+        in row order."""
         if "step" not in it:  # a step READ of a batches loop: replica r takes r, r + R, ...
             if self._cursor >= self.st.steps:
                 raise Stop()
             it["step"] = self._cursor
             self._cursor += self.task.replicas
-        step = it["step"]
-        lo, hi = step * sps, (step + 1) * sps
-        leases = it.setdefault("leases", [])
-        alive = sps - self.control.dropped_rows(lo, hi)
-        have = 0
-        while have < alive:
-            if self._sync():
-                raise Stop()
-            want = min(op.rows, alive - have)
-            t = time.time()
-            lease = self.store.get(self.task.name, want, min_rows=want, max_row=hi,
-                                   filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None,
-                                   timeout=float(self.opt.get("train_read_timeout_s", 0.05)),
-                                   lease_s=op.lease_s or None, fields=self.fields, owner=self.id)
-            if lease is None:  # rows may have been dropped since (a filter)
-                alive = sps - self.control.dropped_rows(lo, hi)
-                continue
-            self._hold(lease, op.lease_s)
-            self._check()
-            versions = lease.columns.get("_version") or [None] * len(lease.rows)
-            bad = [r for r, v in zip(lease.rows, versions) if not self.accept.accepts(step, v)]
-            if self.loop == "train" and bad:  # gate rule 4: drop, count, read again
-                self.store.drop(bad, "staleness")
-                self.control.note_drops(bad, "staleness")
-                self._release(lease.id)
-                alive = sps - self.control.dropped_rows(lo, hi)
-                continue
-            self._stats["leases"] += 1
-            self.rec.span("READ", len(lease.rows), t,
-                          version=step if self.loop == "train" else self._version(), step=step)
-            leases.append(lease)
-            have += len(lease.rows)
+        leases = self._step_leases(op, it["step"], it.setdefault("leases", []))
+        if self.loop == "train" and self.task.stream and hasattr(self.engine, "train_stream"):
+            it["stream"] = leases
+            return True
+        for _ in leases:
+            pass
+        return self._join(it)
+
+    def _join(self, it: dict) -> bool:
+        leases = it.get("leases") or []
         if not leases:
+            it.update(rows=[], cols={})
             return self.loop == "train"  # a trainer still trains (nothing) and publishes
         cols: dict = {f: [x for l in leases for x in l.columns[f]] for f in leases[0].columns}
         order = sorted(range(len(cols["_row"])), key=cols["_row"].__getitem__)
@@ -647,12 +733,168 @@ class Worker:
         it["rows"] = list(it["cols"]["_row"])
         return True
 
+    def _lease_step(self, want: int, *, step: int, min_rows: int, **kw):
+        """One store read of a step READ (None when not that many rows are ready yet); a
+        trainer drops rows beyond its staleness bound (gate rule 4: counted, and replaced when
+        ``staleness`` is a replaced reason) and reads again."""
+        lease = self.store.get(self.task.name, want, min_rows=min_rows,
+                               timeout=float(self.opt.get("train_read_timeout_s", 0.05)),
+                               fields=self.fields, owner=self.id, **kw)
+        if lease is None:
+            self._sync(force=True)  # learn of removals: the window may have moved
+            return None
+        self._hold(lease, kw.get("lease_s"))
+        self._check()
+        if self.loop == "train" and not self.follows:
+            versions = lease.columns.get("_version") or [None] * len(lease.rows)
+            bad = [r for r, v in zip(lease.rows, versions) if not self.accept.accepts(step, v)]
+            if bad:
+                now = time.time()
+                self.rec.span("DROP", len(bad), now, now, step=step)
+                self._remove(bad, "staleness")
+                self._release(lease.id)
+                return None
+        self._stats["leases"] += 1
+        return lease
+
+    def _remove(self, rows: list[int], reason: str) -> None:
+        """Drop ``rows`` from the store -- whole groups: a group missing a row can be neither
+        normalised nor trained (and a replaced reason replaces whole groups) -- and tell every
+        worker (the control's ``dropped`` stream)."""
+        spp = self.st.samples_per_prompt
+        rows = sorted({g * spp + i for g in {int(r) // spp for r in rows} for i in range(spp)}
+                      - set(self.windows.gone))
+        if not rows:
+            return
+        self.store.drop(rows, reason)
+        self.control.note_drops(rows, reason)
+        self.windows.note(rows, reason)
+
+    def _step_leases(self, op: Op, step: int, leases: list):
+        """Lease step ``step``'s rows as they become ready, yielding each lease (module
+        :mod:`asyncflow.runtime.windows` says which rows): ``in_order`` takes the step's window
+        (with redundancy: its first ``prompts_per_step`` ready groups, cancelling the rest);
+        ``first_ready`` the lowest ready fresh-enough groups; a train task that is not the
+        primary trains exactly the rows the primary chose."""
+        spp, pps = self.st.samples_per_prompt, self.st.prompts_per_step
+        lease_s = op.lease_s or None
+        t = time.time()
+
+        def got(lease):
+            self.rec.span("READ", len(lease.rows), t,
+                          version=step if self.loop == "train" else self._version(), step=step)
+            leases.append(lease)
+            return lease
+
+        if self.follows:  # another train task chose this step's rows
+            rows = None
+            while rows is None:
+                if self._sync():
+                    raise Stop()
+                rows = self.control.chosen(step)
+                if rows is None:
+                    time.sleep(self.backoff * 4)
+            need = set(rows)
+            while need:
+                if self._sync():
+                    raise Stop()
+                lease = self._lease_step(min(op.rows, len(need)), step=step, min_rows=1,
+                                         max_row=max(need) + 1, filter_fn=_InSet(need),
+                                         lease_s=lease_s)
+                if lease is not None:
+                    need.difference_update(lease.rows)
+                    yield got(lease)
+                t = time.time()
+            return
+        taken: list[int] = []
+        if self.loop == "train" and self.consume == "first_ready":
+            goal = pps * spp
+            while len(taken) < goal:
+                if self._sync():
+                    raise Stop()
+                want = max(spp, min(op.rows, goal - len(taken)) // spp * spp)
+                lease = self._lease_step(want, step=step, min_rows=spp, whole_groups=True,
+                                         group_size=spp, lease_s=lease_s)
+                if lease is not None:
+                    taken.extend(lease.rows)
+                    yield got(lease)
+                t = time.time()
+        else:
+            redundant = self.loop == "train" and self.launch > pps
+            g0 = self._g0 if (self.st.replace or redundant) else step * self.launch
+            have: set[int] = set()
+            while True:
+                g_end, live = self.windows.window(g0)
+                lo, hi = g0 * spp, g_end * spp
+                if redundant:  # whole groups, no row of them removed, until pps are taken
+                    counts: dict[int, int] = {}
+                    for r in live:
+                        counts[r // spp] = counts.get(r // spp, 0) + 1
+                    left = [g for g, c in counts.items() if c == spp and g * spp not in have]
+                    need = min(pps - len(have) // spp, len(left))
+                    if need <= 0:
+                        break
+                    want, least = max(spp, min(op.rows, need * spp) // spp * spp), spp
+                else:
+                    left = [r for r in live if r not in have]
+                    if not left:
+                        break
+                    want = least = min(op.rows, len(left))
+                if self._sync():
+                    raise Stop()
+                lease = self._lease_step(
+                    want, step=step, min_rows=least, max_row=hi, whole_groups=redundant,
+                    group_size=spp, lease_s=lease_s,
+                    filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None)
+                if lease is not None:
+                    have.update(lease.rows)
+                    yield got(lease)
+                t = time.time()
+            taken = sorted(have)
+            if redundant:  # the rest of the window is not needed: cancel it
+                g_end, live = self.windows.window(g0)
+                cancel = [r for r in live if r not in have]
+                if cancel:
+                    self._remove(cancel, "redundant")
+            if self.st.replace or redundant:
+                self._g0 = g_end
+        if self.leads:
+            self.control.choose(step, taken)
+
+    def _micro_batches(self, it: dict, size: int):
+        """A streaming trainer's micro-batches (at most ``size`` rows: the COMPUTE op's),
+        role-keyed, as their leases arrive: the engine's forward/backward of one runs while the
+        next is read (a COMPUTE span per micro-batch)."""
+        self._enter("READ")
+        for lease in it["stream"]:
+            cols, n = lease.columns, len(lease.rows)
+            step = size if 0 < size < n else n
+            for i in range(0, n, step):
+                part = cols if step == n else {f: v[i:i + step] for f, v in cols.items()}
+                self._enter("COMPUTE")
+                t = self.rec.compute_begin()
+                yield self._to_roles(part)
+                end = self.rec.compute_end()
+                self._enter("READ")  # waiting for the next micro-batch's rows
+                self._progress += 1
+                self.rec.span("COMPUTE", min(step, n - i), t, end, it["step"], it["step"])
+
     def _compute(self, op: Op, it: dict) -> bool:
         rows = it.get("rows", [])
         step = it["step"] if it.get("step") is not None else self._step_of_rows(rows)
         if self.faults:
             self._inject(step, rows)
         t = self.rec.compute_begin()
+        if "stream" in it:  # stream: true -- COMPUTE spans per micro-batch (_micro_batches)
+            self.rec.compute_end()
+            it["metrics"] = self.engine.train_stream(self._micro_batches(it, op.rows))
+            self._enter("COMPUTE")
+            self._join(it)
+            it["end"] = time.time()
+            it["compute_s"] = it["end"] - t
+            self._progress += 1
+            self._check()
+            return True
         if self.loop == "train":  # a trainer's runner returns metrics, not columns
             it["metrics"] = self.call(self._to_roles(dict(it.get("cols") or {}))) if rows else {}
             version = it["step"]
@@ -676,19 +918,31 @@ class Worker:
         return True
 
     def _write(self, op: Op, it: dict) -> bool:
-        """Ack the lease with the output columns (gate rule 3 first: a row too stale for its
-        step is generated again with newer weights, in place; a filter's dropped rows go
-        before the ack, so no downstream task sees them)."""
+        """Ack the lease with the output columns (gate rule 3 first: a row too stale for the
+        rows its version may start is given back and generated again with newer weights, in
+        place; a filter's dropped rows go before the ack, so no downstream task sees them).
+        ``it["partial"]``: the rows are some of the lease's (a serve loop writes each sample as
+        it finishes); the rest stay leased."""
         rows, version, lease = it["rows"], it["version"], it["lease"]
         cols = {o: list(v) for o, v in it["out"].items()}
+        partial = bool(it.get("partial"))
         if self.stamps:
             versions = it.get("versions") or [version if version is not None else 0] * len(rows)
-            stale = self._fresh(rows, min(versions) if it.get("versions") else version)
+            extra = self._extra()
+            stale = ([r for r, v in zip(rows, versions)
+                      if not self.gate.fresh_enough(r, v, extra)] if self.gate else [])
             if stale:
                 self._stats["stale_dropped"] += len(stale)
                 self._drops.append((stale, "regenerated"))
-                self._release(lease.id)
-                return False
+                self.store.release_rows(lease.id, stale)
+                gone = set(stale)
+                keep = [i for i, r in enumerate(rows) if r not in gone]
+                if not keep:
+                    return False
+                rows = [rows[i] for i in keep]
+                versions = [versions[i] for i in keep]
+                cols = {f: [v[i] for i in keep] for f, v in cols.items()}
+                partial = True
             cols["_version"] = versions
         keep = it.get("keep")
         if keep is not None:
@@ -696,7 +950,11 @@ class Worker:
             if gone:
                 self.store.drop(gone, self.task.name)
                 self.control.note_drops(gone, "filter")
-        self._ack(lease.id, cols)
+        if partial:
+            self.store.ack_rows(lease.id, rows, cols)
+            self._progress += 1
+        else:
+            self._ack(lease.id, cols)
         self._stats["rows"] += len(rows)
         if self.task.kind == "reward" and self.task.outputs:
             self._rewards.append((list(rows), list(cols[self.task.outputs[0]])))
@@ -735,6 +993,16 @@ class Worker:
             "rewards": list(cols.get(self.reward) or []) if self.reward else [],
             "metrics": _plain_metrics(it.get("metrics")), "publish_s": it.get("publish_s", 0.0),
             "compute_s": it.get("compute_s", 0.0)})
+
+
+class _InSet:
+    """A picklable row filter: rows in ``rows``."""
+
+    def __init__(self, rows):
+        self.rows = frozenset(int(r) for r in rows)
+
+    def __call__(self, r: dict) -> bool:
+        return r["_row"] in self.rows
 
 
 class _AtLeast:

@@ -15,6 +15,9 @@ worker (``tid``), grouped under its pool (``pid``; ``cpu`` last); the legend.
   tooltip says how many ops a bar stands for.
 - A dashed vertical line marks where each policy version is first used (``v1``, ``v2``, ...):
   the train steps as the rollouts see them.
+- The scheduling keys' events are small triangles at the top of their lane (:data:`EVENTS`):
+  samples cancelled in flight (a redundant group not needed, a sample no step may take any
+  more), samples dropped as too stale, samples restarted by new weights (``on_update: abort``).
 
 Utilisation (:func:`timeline_summary`): a lane is busy while any of its ``COMPUTE``/sync ops
 runs (all ops if the trace has no ``COMPUTE``); ``busy_fraction`` = busy time / the run's span;
@@ -38,6 +41,10 @@ LANE_H = 22
 POOL_H = 22
 MAX_SUBROWS = 3
 SYNC_COLOR = "#444444"
+#: zero-length trace events of the scheduling keys: name -> (colour, legend)
+EVENTS = {"CANCEL": ("#d62728", "cancelled in flight"),
+          "DROP": ("#ff7f0e", "dropped: too stale"),
+          "ABORT": ("#9467bd", "restarted: new weights")}
 
 
 @dataclass
@@ -212,8 +219,10 @@ def render_timeline(trace: Trace, title: str = "Run timeline") -> Canvas:
     """The Gantt chart of ``trace`` as a :class:`Canvas`."""
     colors = task_colors(trace.tasks)
     by_lane: dict[tuple[str, str], list[Op]] = {lane: [] for lane in trace.lanes}
+    events = [o for o in trace.ops if o.name in EVENTS]
     for o in trace.ops:
-        by_lane.setdefault((o.pool, o.worker), []).append(o)
+        if o.name not in EVENTS:
+            by_lane.setdefault((o.pool, o.worker), []).append(o)
     crowded = any(_rows_for(ops)[1] > MAX_SUBROWS for ops in by_lane.values())
     label_w = max([text_width(w, 12) for _, w in trace.lanes] +
                   [text_width(p, 13) for p in trace.pools] + [60]) + 28 + (46 if crowded else 0)
@@ -235,7 +244,7 @@ def render_timeline(trace: Trace, title: str = "Run timeline") -> Canvas:
     plot_bottom = y
     legend_items = [(t, colors[t]) for t in trace.tasks]
     legend_rows = _legend_rows(legend_items, plot_w + left - 20)
-    height = plot_bottom + 46 + 22 * (len(legend_rows) + 1) + 10
+    height = plot_bottom + 46 + 22 * (len(legend_rows) + 1 + (1 if events else 0)) + 10
     c = Canvas(WIDTH, height)
     summary = timeline_summary(trace)
 
@@ -292,6 +301,25 @@ def render_timeline(trace: Trace, title: str = "Run timeline") -> Canvas:
                 _bar(c, o, end, count, left + o.start * px, y0 + 3 + r * h,
                      max(1.0, (end - o.start) * px), h - (1 if n > 1 else 0), colors, lane)
 
+    # the scheduling keys' events: a triangle at the top of the lane, merged within 3 px
+    clusters: dict = {}  # (pool, worker, name) -> [[x, rows], ...]
+    for o in events:
+        if (o.pool, o.worker) not in lane_y:
+            continue
+        x = left + o.start * px
+        mine = clusters.setdefault((o.pool, o.worker, o.name), [])
+        rows = int(o.args.get("rows", 0) or 0)
+        if mine and x - mine[-1][0] < 3:
+            mine[-1][1] += rows
+        else:
+            mine.append([x, rows])
+    for (pool, worker, name), mine in clusters.items():
+        y0 = lane_y[(pool, worker)]
+        color, what = EVENTS[name]
+        for x, rows in mine:
+            c.polygon([(x - 4, y0 + 1), (x + 4, y0 + 1), (x, y0 + 9)], color, 0.95,
+                      title=f"{worker}: {rows} sample(s) {what}")
+
     # version changes
     marks = _version_marks(trace)
     min_gap = 26.0
@@ -327,6 +355,15 @@ def render_timeline(trace: Trace, title: str = "Run timeline") -> Canvas:
     x += 19 + text_width("weight sync", 12) + 18
     c.line(x, ly - 10, x, ly + 2, "#555555", 1, dash=(3, 2))
     c.text(x + 8, ly, "vN: first op on policy version N", 12)
+    seen = [n for n in EVENTS if any(o.name == n for o in events)]
+    if seen:
+        ly += 22
+        x = left + 44
+        for name in seen:
+            color, what = EVENTS[name]
+            c.polygon([(x, ly - 10), (x + 12, ly - 10), (x + 6, ly)], color, 0.95)
+            c.text(x + 18, ly, what, 12)
+            x += 18 + text_width(what, 12) + 18
     return c
 
 

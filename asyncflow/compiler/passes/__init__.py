@@ -1,11 +1,17 @@
 """The compiler's passes, one module each (the order lives in :mod:`asyncflow.compiler.pipeline`).
 
-Small helpers the passes share live here: the batch numbers of a pipeline, and the models that
-some ``train`` task updates (the *policy-like* models whose versions staleness counts).
+Small helpers the passes share live here: the batch numbers of a pipeline, the models that
+some ``train`` task updates (the *policy-like* models whose versions staleness counts), and the
+scheduling keys with their defaults filled in (:func:`scheduling`, :func:`launch_groups`,
+:func:`replaced`; docs/language.md, "Scheduling keys").
 """
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 from asyncflow.ir import Graph
+from asyncflow.kinds import KINDS, SCHED
 
 
 def train_tasks_of(graph: Graph) -> dict[str, str]:
@@ -25,6 +31,60 @@ def micro_batch(graph: Graph, task: str) -> int:
     if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
         return sps
     return min(mb, sps)
+
+
+def scheduling(graph: Graph, task: str) -> dict:
+    """The scheduling keys of ``task`` as the plan carries them (``TaskPlan`` fields): what the
+    source says, else the kind's default (:data:`asyncflow.kinds.SCHED`); a kind that does not
+    take a key keeps the plan's neutral value ("" / 1.0 / False).
+
+    ``stream`` defaults to ``args.micro_batch < samples_per_step`` (no micro_batch: False)."""
+    d = graph.node(task).defn
+    takes = KINDS[d.kind].needs + KINDS[d.kind].takes
+    out: dict = {"schedule": "", "redundancy": 1.0, "on_update": "", "consume": "",
+                 "stream": False, "refill": False}
+    for key, spec in SCHED.items():
+        if key not in takes:
+            continue
+        v = getattr(d, key)
+        if v is None and key == "stream":
+            mb = d.args.get("micro_batch")
+            v = isinstance(mb, int) and not isinstance(mb, bool) and \
+                1 <= mb < graph.pipeline.step.samples_per_step
+        elif v is None:
+            v = spec.default
+        out[key] = float(v) if key == "redundancy" else v
+    return out
+
+
+def launch_groups(graph: Graph) -> int:
+    """Groups fed per step: ``ceil(prompts_per_step * redundancy)`` of the rollouts on a model some
+    train task updates (the largest), else ``prompts_per_step``. Exact for decimal redundancies
+    (1.1 x 10 is 11 groups, not 12)."""
+    pps = graph.pipeline.step.prompts_per_step
+    trained = {m for m in train_tasks_of(graph)
+               if m in graph.pipeline.models and not graph.pipeline.models[m].frozen}
+    most = pps
+    for t in graph.tasks():
+        d = t.defn
+        if d.kind == "rollout" and d.model in trained and d.redundancy is not None:
+            r = d.redundancy
+            r = Fraction(r) if isinstance(r, int) else Fraction(repr(float(r)))
+            most = max(most, math.ceil(pps * r))
+    return most
+
+
+def replaced(graph: Graph) -> list[str]:
+    """The drop reasons whose groups are replaced by new prompts (``StepPlan.replace``):
+    ``filter`` when a filter refills, ``staleness`` when a trainer consumes ``first_ready``."""
+    out = []
+    names = [t.name for t in graph.tasks()]
+    if any(graph.node(n).kind == "filter" and scheduling(graph, n)["refill"] for n in names):
+        out.append("filter")
+    if any(graph.node(n).kind == "train" and scheduling(graph, n)["consume"] == "first_ready"
+           for n in names):
+        out.append("staleness")
+    return out
 
 
 def annotated_copy(graph: Graph) -> Graph:

@@ -17,11 +17,14 @@ A task without hints costs 0 (and the estimate says so in ``notes``). For one re
 a step, n = ceil(samples_per_step / replicas) rows:
 
 1. ``async(t)`` (throughput): ``n * mean(latency) / slots + n * seconds_per_sample +
-   calls * seconds_per_call`` with calls = ceil(n / read_rows) (a per-sample fn: one per row).
+   calls * seconds_per_call`` with calls = ceil(n / read_rows) (a per-sample fn: one per row; a
+   train task: its COMPUTEs, one per step, or one per micro-batch when it streams). A rollout with
+   ``schedule: batch`` waits for the slowest sample of every call: its latency term is
+   ``expected_makespan`` of each call's rows (a call: the COMPUTE's rows) instead of the mean.
 2. ``sync(t)`` (the step waits for its slowest sample): latency waves --
    ``sum over waves of E[max of the wave's draws]`` (``costmodel.expected_makespan``; a wave is
    ``slots`` samples) -- plus the same per-sample and per-call terms with one call per replica per
-   step (one per row for a per-sample fn).
+   step (one per row for a per-sample fn; a streaming trainer: one per micro-batch).
 3. A pool's work is the sum over its tasks of their per-replica time (colocated tasks
    time-share its devices); a pool-less task's work is its own.
 4. ``ideal`` = the busiest pool's work per step using (1) (the busiest task when there are no
@@ -34,6 +37,10 @@ a step, n = ceil(samples_per_step / replicas) rows:
    take; otherwise (staleness 0) it equals ``step_time_sync``.
 7. ``samples_per_s = samples_per_step / step_time``; ``speedup = step_time_sync / step_time``
    (0 and 1 when nothing has a cost).
+
+Not modelled yet (each says so in ``notes``): a rollout's ``redundancy`` (the estimate counts
+``prompts_per_step`` groups a step, not ``launch_groups``), and the prompts that replace filtered
+or too stale groups.
 """
 from __future__ import annotations
 
@@ -106,14 +113,38 @@ def _rows(plan: Plan, t: TaskPlan) -> int:
     return math.ceil(plan.step.samples_per_step / max(1, t.replicas))
 
 
+def _compute_rows(plan: Plan, t: TaskPlan) -> int:
+    """Rows of one COMPUTE of ``t`` (its first worker's op list; 0 when it has none)."""
+    for w in plan.workers:
+        if w.task == t.name:
+            return next((o.rows for o in w.ops if o.kind == "COMPUTE"), 0)
+    return 0
+
+
+def _train_calls(plan: Plan, t: TaskPlan, n: int) -> int:
+    """A train task's calls per replica and step: its COMPUTEs (one per micro-batch when it
+    streams, else one)."""
+    rows = _compute_rows(plan, t) if t.stream else 0
+    return math.ceil(n / rows) if rows else 1
+
+
 def async_time(plan: Plan, t: TaskPlan, c: TaskCost) -> float:
     """Rule 1."""
     n = _rows(plan, t)
     per_row_fn = t.fn is not None and not t.batched and t.engine is None
-    rows = t.read_rows or (1 if per_row_fn else n)
-    time = n * c.seconds_per_sample + math.ceil(n / rows) * c.seconds_per_call
+    if t.kind == "train":
+        calls = _train_calls(plan, t, n)
+    else:
+        calls = math.ceil(n / (t.read_rows or (1 if per_row_fn else n)))
+    time = n * c.seconds_per_sample + calls * c.seconds_per_call
     if c.latency is not None:
-        time += n * c.latency.mean() / c.slots
+        batch = min(n, _compute_rows(plan, t) or n)
+        if t.schedule == "batch":  # every call waits for its slowest sample
+            full, rest = divmod(n, batch)
+            time += full * expected_makespan(c.latency, batch, c.slots) + \
+                expected_makespan(c.latency, rest, c.slots)
+        else:
+            time += n * c.latency.mean() / c.slots
     return time
 
 
@@ -121,7 +152,8 @@ def sync_time(plan: Plan, t: TaskPlan, c: TaskCost) -> float:
     """Rule 2."""
     n = _rows(plan, t)
     per_row_fn = t.fn is not None and not t.batched and t.engine is None
-    time = n * c.seconds_per_sample + (n if per_row_fn else 1) * c.seconds_per_call
+    calls = _train_calls(plan, t, n) if t.kind == "train" else (n if per_row_fn else 1)
+    time = n * c.seconds_per_sample + calls * c.seconds_per_call
     if c.latency is not None:
         time += expected_makespan(c.latency, n, c.slots)
     return time
@@ -133,6 +165,9 @@ def estimate(plan: Plan, costs: dict[str, TaskCost]) -> Estimate:
     s_t = {t.name: sync_time(plan, t, costs[t.name]) for t in plan.tasks}
     notes = [f"no cost hint for task '{t.name}': counted as 0 s" for t in plan.tasks
              if costs[t.name].empty]
+    notes += [f"redundancy {t.redundancy:g} of '{t.name}' is not modelled: the estimate counts "
+              f"{plan.step.prompts_per_step} groups a step, not the {plan.step.launch_groups} "
+              "launched" for t in plan.tasks if t.redundancy > 1]
     per_pool_a = {p.name: sum(a_t.get(n, 0.0) for n in p.tasks) for p in plan.pools}
     per_pool_s = {p.name: sum(s_t.get(n, 0.0) for n in p.tasks) for p in plan.pools}
     free = {t.name: a_t[t.name] for t in plan.tasks if t.pool is None}

@@ -18,13 +18,25 @@ WRITE lowering). Two separate functions build it:
      whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
      per lease; a train READ holds its lease for the whole step (``lease_s``);
   2. COMPUTE and WRITE follow the READ (outputs stream as soon as they exist), except a train
-     COMPUTE: one ``train_step`` per step on the whole step in row order;
+     COMPUTE: one ``train_step`` per step on the whole step in row order -- or, for a streaming
+     trainer (``stream``), one COMPUTE per micro-batch (``rows`` = micro_batch, ``repeat`` =
+     samples_per_step / micro_batch: forward and backward as the rows arrive) and one optimiser
+     step per step;
   3. a WAIT on a sync edge with ``max_staleness`` a > 0 gets ``max_lag = a`` (the smallest of the
      task's sync edges, as the gate): it blocks only when the worker is a versions ahead of the
      trainer (deferred sync); the ADOPT stays before the READ, so new weights are taken up
      between requests, never in the middle of one;
   4. a PUBLISH never waits for its consumers (the trainer goes on to the next step);
-  5. staleness-0 edges keep their blocking WAIT (``max_lag = 0``): the synchronous plan.
+  5. staleness-0 edges keep their blocking WAIT (``max_lag = 0``): the synchronous plan;
+  6. a rollout with ``schedule: queue`` reads single samples (granularity ``sample``, unit 1,
+     whatever its inputs' granularity: prompt replication, a group's samples are independent
+     requests spread over the replicas); ``schedule: batch`` keeps the shape of rule 1 (whole
+     groups when an input comes in groups). A ``consume: first_ready`` trainer's READs say so in
+     their note (the shape stays rule 1's; the runtime reads ``TaskPlan.consume``).
+
+Every :class:`TaskPlan` carries its scheduling keys with the kind's defaults filled in, and the
+:class:`StepPlan` the groups a step launches (``launch_groups``) and the drop reasons whose groups
+are replaced (``replace``): :func:`asyncflow.compiler.passes.scheduling`.
 
 The sync schedule (one :class:`SyncPlan` per sync edge): ``deferred`` when ``max_staleness`` > 0,
 ``blocking`` when it is 0. Worker ids are ``"task/replica"``; channel ids ``"src->dst"``.
@@ -34,7 +46,8 @@ from __future__ import annotations
 import math
 
 from asyncflow import kinds
-from asyncflow.compiler.passes import topo_order, train_tasks_of
+from asyncflow.compiler.passes import (launch_groups, micro_batch, replaced, scheduling, topo_order,
+                                       train_tasks_of)
 from asyncflow.compiler.passes.overlap import RANK
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph, SourceNode
@@ -91,6 +104,8 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
     d = graph.node(task).defn
     k = kinds.KINDS[d.kind]
     gran, unit = max(grans or [("sample", 1)], key=lambda x: RANK[x[0]])
+    if d.kind == "rollout" and scheduling(graph, task)["schedule"] == "queue":
+        gran, unit = "sample", 1  # rule 6: every sample its own request
     if k.loop == "train":  # in order, fixed size: micro-batches (or the step barrier)
         rows = min(sps, graph.meta(task).get("read_rows", 0) or sps)
         gran = "step" if gran == "step" or rows >= sps else "micro_batch"
@@ -112,18 +127,32 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
 
 def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str, int],
                     grans: list[tuple[str, int]]) -> list[Op]:
-    """Rules 1-5 of the module docstring, applied to a naive op list (a new list).
+    """Rules 1-6 of the module docstring, applied to a naive op list (a new list).
     ``sync_alpha``: model -> the smallest ``max_staleness`` of ``task``'s sync edges."""
     sps = graph.pipeline.step.samples_per_step
     read = read_fields(graph, task, grans)
-    train = kinds.KINDS[graph.node(task).defn.kind].loop == "train"
+    d = graph.node(task).defn
+    train = kinds.KINDS[d.kind].loop == "train"
+    sched = scheduling(graph, task)
     out = []
     for op in ops:
         op = Op(**{**op.__dict__, "fields": list(op.fields)})
         if op.kind == "READ":  # rule 1
             op.__dict__.update(read)
+            if sched["consume"] == "first_ready":
+                a = sync_alpha.get(d.model or "", 0)
+                op.note = (f"first ready rows of any step with step - version <= {a}; "
+                           "too stale: dropped and replaced")
+        elif op.kind == "COMPUTE" and train and sched["stream"]:  # rule 2, streaming
+            mb = micro_batch(graph, task)
+            op.rows, op.repeat = mb, math.ceil(sps / mb)
+            op.note = (f"train_stream {d.loss}: forward and backward per micro-batch as it is "
+                       "read, one optimiser step per step")
         elif op.kind in ("COMPUTE", "WRITE"):  # rule 2
             op.rows, op.repeat = (sps, 1) if train else (read["rows"], read["repeat"])
+            if op.kind == "COMPUTE" and sched["schedule"]:  # rule 6
+                op.note += (", each sample its own request" if sched["schedule"] == "queue"
+                            else ", whole batches per call")
         elif op.kind == "WAIT":
             a = sync_alpha.get(op.model or "", 0)
             op.max_lag = a  # rules 3, 5
@@ -206,7 +235,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
             d.engine, d.model, d.pool, d.fn, d.batched, d.estimator, d.loss, d.env, list(d.keep),
             plain(d.args), plain(d.cost), m.get("lag", 0), m.get("run_ahead", 0),
             m.get("time_share", 0), m.get("stage", 0), m.get("read_rows", 0),
-            plain(m.get("bind_in", [])), plain(m.get("bind_out", [])), _loc(d)))
+            plain(m.get("bind_in", [])), plain(m.get("bind_out", [])), _loc(d),
+            **scheduling(g, n)))
         ops = naive_ops(g, n, ins.get(n, []), outs.get(n, []), sync_in.get(n, []), sync_out.get(n, []))
         if not naive:
             ops = overlap_rewrite(g, n, ops, {**sync_alpha, **wait_alpha.get(n, {})},
@@ -217,7 +247,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                                       [Op(**{**o.__dict__, "fields": list(o.fields)}) for o in ops]))
     return Plan(
         pipeline=p.name, source_file=ctx.source_file, seed=p.seed,
-        step=StepPlan(st.prompts_per_step, st.samples_per_prompt, st.samples_per_step, st.steps),
+        step=StepPlan(st.prompts_per_step, st.samples_per_prompt, st.samples_per_step, st.steps,
+                      launch_groups(g), replaced(g)),
         models=models, data=data, pools=pools, tasks=tasks, workers=workers, channels=channels,
         sync=syncs, concurrency=[list(c) for c in g.g.graph.get("concurrency", [])],
         device_kind=placement["device_kind"], fields=plain(g.g.graph.get("fields", {})))

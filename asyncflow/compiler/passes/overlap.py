@@ -57,8 +57,12 @@ def need(graph: Graph, task: str, sync_alpha: dict[str, int]) -> str:
     from asyncflow.algos import ESTIMATORS
 
     d = graph.node(task).defn
-    if d.kind == "train":
-        return "step" if sync_alpha.get(task, 0) == 0 else "micro_batch"  # rules 1, 5
+    if d.kind == "train":  # rules 1, 5; a streaming trainer takes micro-batches at alpha 0 too
+        from asyncflow.compiler.passes import scheduling
+
+        if sync_alpha.get(task, 0) == 0 and not scheduling(graph, task)["stream"]:
+            return "step"
+        return "micro_batch"
     if d.kind == "advantage":
         info = ESTIMATORS.get(d.estimator or "")
         scope = info.scope if info else "sample"

@@ -11,7 +11,9 @@ at once. The rules, in the order they run (codes in :mod:`asyncflow.diagnostics.
 4. ``module:function`` references and files resolve -- found and parsed, never imported (AF34x);
 5. weight sync: from a train task to a task on the same model, every user of a trained model
    gets one (AF35x);
-6. batch arithmetic and the known task ``args`` (AF36x).
+6. batch arithmetic and the known task ``args`` (AF36x);
+7. scheduling keys: what each one means in this pipeline (AF38x; which kinds take them is rule
+   3's AF326, their values the builder's AF205/AF206/AF202).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
-from asyncflow.kinds import KINDS, REF_KEYS
+from asyncflow.kinds import KINDS, REF_KEYS, SCHED_KEYS, sched_owners
 from asyncflow.refs import find_file, find_module, search_path, top_level_names
 
 # the keys each kind needs and takes, and which kinds must write something: the kinds table
@@ -46,6 +48,11 @@ ARGS = {
 }
 
 
+# task args that may be a number or a distribution ({dist: ..., seed: ...}): the sim engine's
+# latency and lengths, and a rollout's per-row length cap (long-tailed response lengths)
+DIST_ARGS = ("latency", "response_tokens", "max_new_tokens")
+
+
 def validate(graph: Graph, diags: Diagnostics) -> None:
     """Add a located diagnostic to ``diags`` for every rule ``graph`` breaks."""
     p = graph.pipeline
@@ -56,6 +63,7 @@ def validate(graph: Graph, diags: Diagnostics) -> None:
     _tasks(graph, diags)
     _sync(p, diags)
     _batch(p, diags)
+    _scheduling(p, diags)
 
 
 def _at(defn: Any, key: str) -> SourceLoc:
@@ -194,10 +202,13 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
             if getattr(t, key) is None:
                 why = " (a task with an engine runs on a pool's devices)" if key == "pool" else ""
                 d.add("AF325", t.loc, task=t.name, kind=t.kind, key=key, why=why)
-        for key in REF_KEYS:
+        for key in REF_KEYS + SCHED_KEYS:
             if getattr(t, key) is not None and key not in required + optional:
                 why = ""
-                if key in ("engine", "model"):
+                if key in SCHED_KEYS:
+                    owners = " and ".join(sched_owners(key))
+                    why = f" (a scheduling key of {owners} tasks)"
+                elif key in ("engine", "model"):
                     why = " (only rollout, logprob, value and train tasks run a model on an engine)"
                 elif key in ("fn", "estimator", "loss", "env"):
                     owner = {"fn": "reward, filter and custom", "estimator": "advantage",
@@ -384,9 +395,9 @@ def _batch(p: ast.Pipeline, d: Diagnostics) -> None:
     total = p.step.samples_per_step
     for t in p.tasks.values():
         for key, v in t.args.items():
-            if key in ARGS:
+            if key in ARGS and not (key in DIST_ARGS and isinstance(v, dict)):
                 _check_arg(t, key, v, d)
-        for section, key in (("args", "latency"), ("args", "response_tokens")):
+        for section, key in [("args", k) for k in DIST_ARGS]:
             spec = getattr(t, section).get(key)
             problem = _distribution_problem(spec) if spec is not None else None
             if problem:
@@ -402,6 +413,44 @@ def _batch(p: ast.Pipeline, d: Diagnostics) -> None:
             divs = [str(k) for k in range(1, total + 1) if total % (k * reps) == 0][:12]
             d.add("AF360", _at(t, "args.micro_batch"),
                   f"micro_batch values that fit: {', '.join(divs)}", total=total, what=what, task=t.name)
+
+
+# -- 7. scheduling keys ---------------------------------------------------------------------------
+def _scheduling(p: ast.Pipeline, d: Diagnostics) -> None:
+    """What a scheduling key written in the source does here: the ones that can do nothing are
+    warned about (AF380-AF383). Keys on a kind that does not take them are rule 3's AF326."""
+    trained = {t.model for t in p.tasks.values()
+               if t.kind == "train" and t.model in p.models and not p.models[t.model].frozen}
+    synced = {s.dst for s in p.sync if s.src in p.tasks and p.tasks[s.src].kind == "train"}
+    alpha: dict[str, int] = {}  # train task -> the largest max_staleness of its sync edges
+    for s in p.sync:
+        alpha[s.src] = max(alpha.get(s.src, 0), s.max_staleness)
+    sps = p.step.samples_per_step
+    for t in p.tasks.values():
+        if t.kind == "rollout":
+            if t.on_update is not None and t.name not in synced:
+                d.add("AF380", _at(t, "on_update"), value=t.on_update, task=t.name,
+                      why="no sync edge brings it new weights")
+            elif t.on_update in ("abort", "continue") and t.schedule == "batch":
+                d.add("AF380", _at(t, "on_update"),
+                      "drop on_update, or use schedule: queue", value=t.on_update, task=t.name,
+                      why="with schedule: batch it takes up new weights between engine calls, "
+                          "when no sample is in flight")
+            if _is_num(t.redundancy) and t.redundancy > 1 and t.model not in trained:
+                why = (f"its model '{t.model}' is not trained, and a step launches extra groups "
+                       "only for the rollouts on a trained model" if trained
+                       else "no train task updates a model, so a step launches no extra groups")
+                d.add("AF381", _at(t, "redundancy"), value=f"{t.redundancy:g}", task=t.name, why=why)
+        elif t.kind == "train":
+            if t.consume == "first_ready" and alpha.get(t.name, 0) == 0:
+                d.add("AF382", _at(t, "consume"), "raise the sync edge's max_staleness, or drop "
+                      "consume", task=t.name)
+            mb = t.args.get("micro_batch")
+            if t.stream is True and (mb is None or (isinstance(mb, int) and not isinstance(mb, bool)
+                                                    and mb >= sps)):
+                why = ("it has no args.micro_batch, so a step is one micro-batch" if mb is None
+                       else f"micro_batch {mb} is the whole step ({sps} samples)")
+                d.add("AF383", _at(t, "stream"), task=t.name, why=why)
 
 
 def _check_arg(t: ast.TaskDef, key: str, v: Any, d: Diagnostics) -> None:
