@@ -61,7 +61,7 @@ def test_trainer_reads_micro_batches_and_publishes_without_waiting_rules_1_4():
 
 def test_staleness_zero_keeps_blocking_wait_rule_5():
     """Rule 5: a = 0 -> WAIT max_lag 0, blocking sync, a non-streaming update reads the whole
-    step (a streaming one: micro-batches, tests/test_scheduling.py)."""
+    step (a streaming one: micro-batches, tests/test_scheduling_run.py)."""
     plan = compile_text(src(alpha=0, stream=False), "t.yaml")
     assert ops(plan, "generate/0")[0] == ("WAIT", "policy", 0, 1, 0)
     assert plan.sync[0].mode == "blocking"

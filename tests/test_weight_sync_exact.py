@@ -32,7 +32,7 @@ SETS = [
     f"step.steps={STEPS}", "step.prompts_per_step=2", "step.samples_per_prompt=4",
     "sync.0.max_staleness=0",
     # bit-identical to a loop of generate/train_step calls: whole batches per rollout call, one
-    # train_step per step (streaming equals it up to summation order: tests/test_scheduling.py)
+    # train_step per step (streaming equals it up to summation order: tests/test_scheduling_run.py)
     "tasks.generate.schedule=batch", "tasks.update.stream=false",
     "models.policy.args.layers=1", "models.policy.args.hidden=16",
     "data.prompts.args.n=64",

@@ -13,7 +13,8 @@ arg                  default      meaning
                                   a distribution, drawn per row (:mod:`.hf_serve`)
 ``temperature``      1.0          sampling temperature; scorer/trainer log-probs use it too
 ``top_p``            1.0          rollout: nucleus sampling (does not change log-probs)
-``slots``            32           rollout, ``schedule: queue``: requests decoded at once
+``slots``            a step       rollout, ``schedule: queue``: requests decoded at once (default:
+                                  the step's samples, at least 32)
 ``lr``               1e-4         train: AdamW learning rate
 ``weight_decay``     0.0          train: AdamW weight decay
 ``betas``            [0.9, 0.999] train: AdamW betas
@@ -224,7 +225,9 @@ class HFEngine:
     # (this block belongs to hf_serve's owner: serve delegates, nothing else here)
     @property
     def slots(self) -> int:
-        return int(self.args.get("slots", 32))
+        """Requests in flight (default: a whole step's samples, at least 32)."""
+        return int(self.args.get("slots") or max(32, int(self.spec.extra.get("samples_per_step")
+                                                         or 0)))
 
     def serve(self, pull, emit):
         from asyncflow.engines import hf_serve

@@ -605,28 +605,40 @@ class Worker:
             extra = {"_cancel": gone} if gone else {}
             if n <= 0 or time.time() - last_empty[0] < self.backoff:
                 return extra
-            it: dict = {"pull": min(n, read.chunk or read.rows)}
-            for op in pre:
-                self._enter(op.kind)
-                if not self.ops[op.kind](op, it):
-                    last_empty[0] = time.time()
-                    self._enter("COMPUTE")
-                    return extra
-            self._enter("COMPUTE")
-            self._inject(self._step_of_rows(it["rows"]), it["rows"])
-            lease = it["lease"]
-            lane = lanes.index(0) if 0 in lanes else len(lanes)
-            if lane == len(lanes):
-                lanes.append(1)
-            lanes[lane] = 1
-            leases[lease.id] = {"lease": lease, "rows": list(lease.rows), "done": {},
-                                "cancelled": set(), "written": set(), "start": time.time(),
-                                "version": self._version(), "lane": lane}
-            for r in lease.rows:
-                row_lease[r] = lease.id
-            self._in_flight += len(lease.rows)
+            batches: list[dict] = []
+            while n > 0:  # leases of at most ``chunk`` rows until the free slots are filled
+                it: dict = {"pull": min(n, read.chunk or read.rows)}
+                ok = True
+                for op in pre:
+                    self._enter(op.kind)
+                    if not self.ops[op.kind](op, it):
+                        ok = False
+                        break
+                self._enter("COMPUTE")
+                if not ok:
+                    if not batches:
+                        last_empty[0] = time.time()
+                    break
+                self._inject(self._step_of_rows(it["rows"]), it["rows"])
+                lease = it["lease"]
+                lane = lanes.index(0) if 0 in lanes else len(lanes)
+                if lane == len(lanes):
+                    lanes.append(1)
+                lanes[lane] = 1
+                leases[lease.id] = {"lease": lease, "rows": list(lease.rows), "done": {},
+                                    "cancelled": set(), "written": set(), "start": time.time(),
+                                    "version": self._version(), "lane": lane}
+                for r in lease.rows:
+                    row_lease[r] = lease.id
+                self._in_flight += len(lease.rows)
+                n -= len(lease.rows)
+                batches.append(self._to_roles(lease.columns))
+            if not batches:
+                return extra
             self.rec.occupancy(min(1.0, self._in_flight / slots))
-            return {**self._to_roles(lease.columns), **extra}
+            cols = batches[0] if len(batches) == 1 else {
+                k: [x for b in batches for x in b[k]] for k in batches[0]}
+            return {**cols, **extra}
 
         def emit(row: dict) -> None:
             self._check()

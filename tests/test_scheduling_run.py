@@ -86,7 +86,7 @@ def test_windows_skip_replaced_groups_and_keep_the_rest():
     assert w.replaced_rows == 2
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(alpha=st.sampled_from([0, 1, 2]), seed=st.integers(0, 10_000),
        on_update=st.sampled_from(["finish", "continue", "abort"]))
 def test_first_ready_trains_each_sample_once_within_alpha(tmp_path_factory, alpha, seed,
@@ -104,11 +104,15 @@ def test_first_ready_trains_each_sample_once_within_alpha(tmp_path_factory, alph
 
 
 @pytest.mark.ray
-def test_first_ready_on_ray(tmp_path):
-    plan, driver, result, steps_rows = _run(tmp_path, SMALL + [
-        _latency(3), "sync.0.max_staleness=1", "tasks.update.consume=first_ready",
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(alpha=st.sampled_from([1, 2]), seed=st.integers(0, 10_000))
+def test_first_ready_on_ray(tmp_path_factory, alpha, seed):
+    tmp = tmp_path_factory.mktemp("fr_ray")
+    plan, driver, result, steps_rows = _run(tmp, SMALL + [
+        _latency(seed), f"sync.0.max_staleness={alpha}", "tasks.update.consume=first_ready",
         "tasks.generate.on_update=continue"], backend="ray", steps=5)
-    _check_invariants(plan, result, steps_rows, whole_steps=True)
+    trained = _check_invariants(plan, result, steps_rows, whole_steps=True)
+    assert len(trained) == 5 * plan.step.samples_per_step
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
