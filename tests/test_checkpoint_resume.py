@@ -157,3 +157,42 @@ def test_sigkill_then_resume_trains_every_prompt_once(tmp_path, backend):
     assert all(m["staleness_max"] <= 1 for m in metrics)
     # checkpoints of the resumed part exist too, and the newest is complete
     assert checkpoint.latest(str(run_dir)).endswith(f"step_{(STEPS - 1) // EVERY * EVERY}")
+
+
+def test_resume_with_redundancy_continues_after_the_windows(tmp_path):
+    """With the scheduling keys a step's rows are not a fixed range (redundancy: a window of
+    launched groups, some cancelled): the checkpoint records where the trainer's next window
+    starts, and the resumed run trains every step whole, no row twice."""
+    pipe = tmp_path / "ckpt.yaml"
+    pipe.write_text(PIPELINE)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    sets = ["--set", "tasks.generate.redundancy=1.5", "--set", "tasks.generate.on_update=continue"]
+    p = _cli([str(pipe), "--out", str(run_dir), "--checkpoint-every", str(EVERY), *sets], env=env)
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            ck = checkpoint.latest(str(run_dir))
+            if ck and int(os.path.basename(ck).split("_")[1]) >= 2 * EVERY:
+                break
+            assert p.poll() is None, p.stdout.read().decode()
+            time.sleep(0.02)
+        else:
+            pytest.fail("no checkpoint within the time limit")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    state = json.loads(open(os.path.join(checkpoint.latest(str(run_dir)), "state.json")).read())
+    launch = -(-PPS * 3 // 2) * SPP  # rows launched a step
+    assert state["first_row"] == state["version"] * launch  # the next window, not version * SPS
+    r = _cli([str(pipe), "--resume", str(run_dir), "--checkpoint-every", str(EVERY), *sets],
+             env=env)
+    out, _ = r.communicate(timeout=180)
+    assert r.returncode == 0, out.decode()
+    trained = _jsonl(run_dir / "train_rows.jsonl")
+    assert [t["step"] for t in trained] == list(range(STEPS))
+    for t in trained:  # each step: PPS whole groups of its own window
+        assert len(t["rows"]) == SPS, t
+        assert {r // launch for r in t["rows"]} == {t["step"]}, t
+    all_rows = [r for t in trained for r in t["rows"]]
+    assert len(all_rows) == len(set(all_rows))

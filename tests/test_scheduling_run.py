@@ -232,3 +232,21 @@ def test_streaming_trainer_at_alpha0_matches_the_whole_step(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
     worst = max(float((w0[k] - w1[k]).abs().max()) for k in w0)
     assert worst <= 1e-5, worst
+
+
+def test_redundant_environments_take_the_first_finished_episodes(tmp_path):
+    """Env-level async with redundancy (ROLL Flash's redundant environments): more episodes
+    are launched than a step needs; the step trains the first finished groups and the episodes
+    still running are cancelled in their engine."""
+    agentic = os.path.join(HERE, "..", "pipelines", "agentic_sim.yaml")
+    plan, driver, result, steps_rows = _run(tmp_path, [
+        "step.prompts_per_step=4", "step.samples_per_prompt=2", "tasks.generate.replicas=1",
+        "pools.rollout.devices=1", "tasks.generate.args.time_scale=0.2",
+        "tasks.update.args.micro_batch=4",
+        "tasks.generate.redundancy=1.5", "tasks.generate.on_update=continue"], steps=4,
+        path=agentic)
+    assert plan.task("generate").env and plan.step.launch_groups == 6
+    _check_invariants(plan, result, steps_rows, whole_steps=True)
+    assert result.dropped.get("redundant", 0) >= 3 * 2 * 2
+    gen = [w for w in result.workers.values() if w.get("task") == "generate"]
+    assert sum(w.get("cancelled", 0) for w in gen) > 0, gen

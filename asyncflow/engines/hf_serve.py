@@ -118,7 +118,37 @@ class _Request:
         self.ids, self.logprobs, self.generator = [], [], None
 
 
-class HFTurnServer:
+class QueueServer:
+    """What the turn servers share (:class:`HFTurnServer`, ``vllm.VLLMTurnServer``): the
+    submit checks, ``poll`` over the subclass's ``step()``, and ``in_flight``. A subclass keeps
+    ``queue`` (waiting requests), ``running`` (a sized collection), ``finished`` and ``_keys``."""
+
+    def _check_new(self, key: Any, prefix_ids: list[int]) -> None:
+        if key in self._keys:
+            raise ValueError(f"request {key!r} is already in flight")
+        if not prefix_ids:
+            raise ValueError(f"request {key!r} has an empty prefix")
+
+    def poll(self, timeout_s: float = 0.0) -> list[tuple[Any, list[int], list[float], int]]:
+        """Step until a request finishes or ``timeout_s`` passes (at least one step when any
+        request is in flight); return the finished ``(key, ids, logprobs, version)``."""
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        while self.queue or self.running:
+            self.step()
+            if self.finished or time.monotonic() >= deadline:
+                break
+        else:
+            left = deadline - time.monotonic()
+            if left > 0 and not self.finished:
+                time.sleep(left)  # nothing in flight: nothing can finish before the timeout
+        out, self.finished = self.finished, []
+        return out
+
+    def in_flight(self) -> int:
+        return len(self.queue) + len(self.running)
+
+
+class HFTurnServer(QueueServer):
     """A :class:`asyncflow.engines.base.TurnServer` over an ``HFEngine``'s model (module
     docstring): ``submit`` queues, ``poll`` steps the shared batch, ``cancel`` drops.
 
@@ -151,30 +181,12 @@ class HFTurnServer:
 
     # -- the protocol ------------------------------------------------------------------------
     def submit(self, key: Any, prefix_ids: list[int], max_new_tokens: int | None = None) -> None:
-        if key in self._keys:
-            raise ValueError(f"request {key!r} is already in flight")
-        if not prefix_ids:
-            raise ValueError(f"request {key!r} has an empty prefix")
+        self._check_new(key, prefix_ids)
         cap = (max(1, int(max_new_tokens)) if max_new_tokens is not None
                else length_cap(self.length_dist, key))
         self.queue.append(_Request(key, [int(t) for t in prefix_ids], cap,
                                    request_seed(self.seed, key)))
         self._keys.add(key)
-
-    def poll(self, timeout_s: float = 0.0) -> list[tuple[Any, list[int], list[float], int]]:
-        """Step until a request finishes or ``timeout_s`` passes (at least one step when any
-        request is in flight); return the finished ``(key, ids, logprobs, version)``."""
-        deadline = time.monotonic() + max(0.0, float(timeout_s))
-        while self.queue or self.running:
-            self.step()
-            if self.finished or time.monotonic() >= deadline:
-                break
-        else:
-            left = deadline - time.monotonic()
-            if left > 0 and not self.finished:
-                time.sleep(left)  # nothing in flight: nothing can finish before the timeout
-        out, self.finished = self.finished, []
-        return out
 
     def cancel(self, keys) -> int:
         """Drop the queued or running requests among ``keys``; returns how many were."""
@@ -187,9 +199,6 @@ class HFTurnServer:
             self._retire(gone)
         self._keys -= drop
         return len(drop)
-
-    def in_flight(self) -> int:
-        return len(self.queue) + len(self.running)
 
     # -- one step ----------------------------------------------------------------------------
     @torch.no_grad()

@@ -282,7 +282,10 @@ class _Request:
     version: int = 0  # the policy version it was (last) admitted under
 
 
-class VLLMTurnServer:
+from asyncflow.engines.hf_serve import QueueServer  # noqa: E402  (the shared queue protocol)
+
+
+class VLLMTurnServer(QueueServer):
     """A :class:`asyncflow.engines.base.TurnServer` over a :class:`VLLMEngine`'s ``LLMEngine``:
     vLLM's scheduler batches the requests (continuous batching, its own KV-cache blocks); this
     keeps at most ``slots`` of them in vLLM, the rest in a FIFO queue.
@@ -316,29 +319,11 @@ class VLLMTurnServer:
     def submit(self, key: Any, prefix_ids: list[int], max_new_tokens: int | None = None) -> None:
         from asyncflow.engines.hf_serve import length_cap
 
-        if key in self._keys:
-            raise ValueError(f"request {key!r} is already in flight")
-        if not prefix_ids:
-            raise ValueError(f"request {key!r} has an empty prefix")
+        self._check_new(key, prefix_ids)
         cap = (max(1, int(max_new_tokens)) if max_new_tokens is not None
                else length_cap(self.engine.length_dist, key))
         self.queue.append(_Request(key, [int(t) for t in prefix_ids], cap))
         self._keys.add(key)
-
-    def poll(self, timeout_s: float = 0.0) -> list[tuple[Any, list[int], list[float], int]]:
-        """Step until a request finishes or ``timeout_s`` passes (at least one step when any
-        request is in flight); return the finished ``(key, ids, logprobs, version)``."""
-        deadline = time.monotonic() + max(0.0, float(timeout_s))
-        while self.queue or self.running:
-            self.step()
-            if self.finished or time.monotonic() >= deadline:
-                break
-        else:
-            left = deadline - time.monotonic()
-            if left > 0 and not self.finished:
-                time.sleep(left)
-        out, self.finished = self.finished, []
-        return out
 
     def cancel(self, keys) -> int:
         """Drop the queued or running requests among ``keys``; returns how many were."""
@@ -355,8 +340,6 @@ class VLLMTurnServer:
         self._keys -= drop
         return len(drop)
 
-    def in_flight(self) -> int:
-        return len(self.queue) + len(self.running)
 
     def close(self) -> None:
         """Abort whatever is still in vLLM (a stopped ``serve``), so ``generate`` starts clean."""

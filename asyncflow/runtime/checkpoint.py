@@ -87,12 +87,17 @@ def save_engine(engine, run_dir: str, version: int, task: str) -> str:
 
 # ------------------------------------------------------------------ driver side
 def close(run_dir: str, version: int, *, steps: int, fed: int, prompts_per_step: int,
-          samples_per_step: int, metrics: list[dict], train_rows: list[dict], store) -> str:
-    """The driver's part: add state, records and the store snapshot, then rename atomically."""
+          samples_per_step: int, metrics: list[dict], train_rows: list[dict], store,
+          first_row: int | None = None) -> str:
+    """The driver's part: add state, records and the store snapshot, then rename atomically.
+    ``first_row``: where a resumed run numbers its rows from (the trainer's next window with the
+    scheduling keys; default ``version * samples_per_step``)."""
+    if first_row is None:
+        first_row = int(version) * int(samples_per_step)
     tmp = tmp_dir(run_dir, version)
     os.makedirs(tmp, exist_ok=True)
     try:
-        past = _generated_past(store.snapshot(), int(version) * int(samples_per_step))
+        past = _generated_past(store.snapshot(), int(first_row))
     except Exception as e:  # the checkpoint does not depend on it (rollouts are regenerated)
         past = {"error": repr(e)}
     _write_json(os.path.join(tmp, "store.json"), past)
@@ -103,7 +108,7 @@ def close(run_dir: str, version: int, *, steps: int, fed: int, prompts_per_step:
     _write_jsonl(os.path.join(tmp, TRAIN_ROWS), [r for r in train_rows if r["step"] < version])
     state = {"version": int(version), "steps_done": int(version), "steps": int(steps),
              "cursor_prompt": int(version) * int(prompts_per_step),
-             "first_row": int(version) * int(samples_per_step), "fed_steps": int(fed),
+             "first_row": int(first_row), "fed_steps": int(fed),
              "time": time.time()}
     _write_json(os.path.join(tmp, STATE_FILE), state)
     _fsync_tree(tmp)
@@ -167,7 +172,8 @@ def latest(run_dir: str, skipped: list | None = None) -> str | None:
 def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
     """Pick the newest complete checkpoint, drop unfinished ones, log what is discarded.
 
-    Returns ``{"dir", "version", "metrics", "train_rows"}`` or ``None`` (nothing to resume)."""
+    Returns ``{"dir", "version", "first_row", "metrics", "train_rows"}`` or ``None`` (nothing
+    to resume)."""
     r = root(run_dir)
     if os.path.isdir(r):
         for name in os.listdir(r):
@@ -195,7 +201,9 @@ def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
                             "regenerated_rows": regenerated,
                             "skipped": [[os.path.basename(d), why] for d, why in skipped]}) + "\n")
     _write_jsonl(os.path.join(run_dir, TRAIN_ROWS), rows)
-    return {"dir": ck, "version": version, "metrics": metrics, "train_rows": rows}
+    first_row = int(state.get("first_row", version * int(samples_per_step)))
+    return {"dir": ck, "version": version, "first_row": first_row, "metrics": metrics,
+            "train_rows": rows}
 
 
 def start_rows_at(store, first_row: int) -> None:

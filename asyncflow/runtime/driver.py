@@ -268,8 +268,10 @@ class Driver:
         if self.events and self.events[-1]["event"] == "trainer_restart":
             self.events[-1]["from_step"] = resumed["version"] if resumed else 0
         start = resumed["version"] if resumed else 0
+        first_row = resumed["first_row"] if resumed else 0
         if start:
-            self.options.update(start_step=start, resume_dir=os.path.abspath(resumed["dir"]))
+            self.options.update(start_step=start, start_row=first_row,
+                                resume_dir=os.path.abspath(resumed["dir"]))
         if self.checkpoint_every:  # absolute: Ray workers need not share our cwd
             self.options.update(checkpoint_every=self.checkpoint_every,
                                 run_dir=os.path.abspath(self.out_dir))
@@ -280,9 +282,8 @@ class Driver:
         self.backend = be = make_backend(self.backend_name, **self.backend_kw)
         store = be.make_store(plan)
         self.store = store
-        if start:  # rows of steps < start were trained before the checkpoint
-            ckpt.start_rows_at(store, start * (st.launch_groups or st.prompts_per_step)
-                               * st.samples_per_prompt)
+        if start:  # rows before the trainer's next window were trained before the checkpoint
+            ckpt.start_rows_at(store, first_row)
         for t in plan.tasks:
             store.register_task(t.name, list(t.inputs))
         worker_ctl, ctl = be.make_control()
@@ -304,7 +305,9 @@ class Driver:
         pending_reports: dict[int, dict] = {}  # step -> {task: report}
         launch = st.launch_groups or st.prompts_per_step  # groups launched per step
         spp = st.samples_per_prompt
-        fed = start * launch  # groups fed so far
+        fed = first_row // spp  # groups fed so far
+        # groups replaced before the checkpoint (a resumed run's windows start after them)
+        offset = max(0, fed - start * launch)
         interrupted = False
         last = {"t": t0, "busy": {}, "exposed": {}, "drops": 0}
         self._beats: dict = {}
@@ -323,7 +326,8 @@ class Driver:
             self._status = {w: "running" for w in self._status}
             self._write_workers(be)
             last["t"] = self.ready = time.time()  # step 0's clock starts when rows can flow
-            fed = self._feed(store, prompts, fed, min(st.steps, start + ahead) * launch)
+            fed = self._feed(store, prompts, fed,
+                             min(st.steps, start + ahead) * launch + offset)
             last_expire = time.time()
             watch = {"t": time.time(), "key": None, "beat_t": 0.0}
             while True:
@@ -363,7 +367,8 @@ class Driver:
                         ckpt.close(self.out_dir, s + 1, steps=st.steps, fed=-(-fed // launch),
                                    prompts_per_step=st.prompts_per_step,
                                    samples_per_step=st.samples_per_step, metrics=metrics.rows,
-                                   train_rows=train_rows.rows, store=store)
+                                   train_rows=train_rows.rows, store=store,
+                                   first_row=(reps.get(primary) or {}).get("next_row"))
                     if self.on_step:
                         self.on_step(row)
                 version = min(done.values()) if done else st.steps
@@ -373,7 +378,8 @@ class Driver:
                     replaced = sum(drops.get(r, 0) for r in st.replace) // spp
                     self._refilled = replaced
                     fed = self._feed(store, prompts, fed,
-                                     min(st.steps, version + ahead) * launch + replaced)
+                                     min(st.steps, version + ahead) * launch + replaced
+                                     + offset)
                     if trainers and all(done[t] >= st.steps for t in trainers):
                         break
                     if not trainers and fed >= st.steps * launch and self._all_consumed(store, fed):

@@ -378,35 +378,26 @@ class _Shard:
         st = self.store
         if lease_id is not None and lease_id not in st._leases:
             return st.write(rows, {}, lease_id=lease_id)  # counts the stale write
-        cols, cid = self._ingest(columns, rows)
-        try:
-            ok = st.write(rows, cols, lease_id=lease_id)
-        except BaseException:
-            self._drop_chunk(cid)
-            raise
-        if not ok:
-            self._drop_chunk(cid)
-        return ok
+        return self._stored(columns, rows, lambda cols: st.write(rows, cols, lease_id=lease_id))
 
     def ack(self, lease_id: int, columns: dict | None = None) -> bool:
         st = self.store
         rec = st._leases.get(lease_id)
         if not columns or rec is None:
             return st.ack(lease_id)
-        cols, cid = self._ingest(columns, rec.rows)
-        try:
-            ok = st.ack(lease_id, cols)
-        except BaseException:
-            self._drop_chunk(cid)
-            raise
-        if not ok:
-            self._drop_chunk(cid)
-        return ok
+        return self._stored(columns, rec.rows, lambda cols: st.ack(lease_id, cols))
 
     def ack_rows(self, lease_id: int, rows: list[int], columns: dict | None = None) -> bool:
-        cols, cid = self._ingest(columns, rows) if columns else (None, None)
+        if not columns:
+            return self.store.ack_rows(lease_id, rows)
+        return self._stored(columns, rows, lambda cols: self.store.ack_rows(lease_id, rows, cols))
+
+    def _stored(self, columns: dict, rows, call) -> bool:
+        """``call(cols)`` with ``columns`` ingested for ``rows``; their chunk is freed again
+        when the call fails or is refused (a stale lease)."""
+        cols, cid = self._ingest(columns, rows)
         try:
-            ok = self.store.ack_rows(lease_id, rows, cols)
+            ok = call(cols)
         except BaseException:
             self._drop_chunk(cid)
             raise

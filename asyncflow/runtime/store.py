@@ -516,13 +516,16 @@ class SampleStore:
             if columns:
                 self._write_pos(rec.pos, columns)
             del self._leases[lease_id]
-            t = rec.task
-            t.held[rec.pos] = False
-            t.n_held -= len(rec.pos)
-            t.consumed[rec.pos] = True
-            t.n_consumed += len(rec.pos)
-            t.order.append((self._clock(), rec.rows))
+            self._consume(rec.task, rec.pos, rec.rows)
             return True
+
+    def _consume(self, t: _Task, pos: np.ndarray, rows: list[int]) -> None:
+        """Held positions ``pos`` (rows ``rows``) become consumed by ``t``."""
+        t.held[pos] = False
+        t.n_held -= len(pos)
+        t.consumed[pos] = True
+        t.n_consumed += len(pos)
+        t.order.append((self._clock(), rows))
 
     def ack_rows(self, lease_id: int | Lease, rows: list[int],
                  columns: dict[str, list] | None = None) -> bool:
@@ -540,12 +543,7 @@ class SampleStore:
             pos, keep = self._part(rec, rows)
             if columns:
                 self._write_pos(pos, columns)
-            t = rec.task
-            t.held[pos] = False
-            t.n_held -= len(pos)
-            t.consumed[pos] = True
-            t.n_consumed += len(pos)
-            t.order.append((self._clock(), [int(r) for r in rows]))
+            self._consume(rec.task, pos, [int(r) for r in rows])
             self._shrink(rec, keep)
             return True
 

@@ -175,6 +175,7 @@ class Worker:
             self._g0 = int(self.opt["start_row"]) // spp
         self._cancel_q: list[int] = []  # rows removed while perhaps in flight (serve loop)
         self._in_flight = 0  # samples a serve loop has in its engine
+        self._top = int(self.opt.get("start_row") or 0) - 1  # the highest row trained
         self._newest = 0  # the newest policy version published, as far as this worker knows
         # first_ready: a sample in flight that no train step may take any more is cancelled
         # and replaced at once (not generated to the end and dropped)
@@ -873,6 +874,18 @@ class Worker:
         if self.leads:
             self.control.choose(step, taken)
 
+    def _next_row(self, step: int, rows: list[int]) -> int:
+        """Where a run resumed after train step ``step`` numbers its rows from: the next
+        window; with first_ready, past the highest row trained (samples in flight then are
+        replaced by new prompts, never trained twice)."""
+        spp = self.st.samples_per_prompt
+        if self.consume == "first_ready":
+            self._top = max([self._top] + [int(r) for r in rows])
+            return (self._top // spp + 1) * spp
+        if self.st.replace or self.launch != self.st.prompts_per_step:
+            return self._g0 * spp
+        return (step + 1) * self.launch * spp
+
     def _micro_batches(self, it: dict, size: int):
         """A streaming trainer's micro-batches (at most ``size`` rows: the COMPUTE op's),
         role-keyed, as their leases arrive: the engine's forward/backward of one runs while the
@@ -1004,6 +1017,7 @@ class Worker:
             "rows": rows, "staleness": [self.accept.staleness(step, v) for v in versions],
             "rewards": list(cols.get(self.reward) or []) if self.reward else [],
             "metrics": _plain_metrics(it.get("metrics")), "publish_s": it.get("publish_s", 0.0),
+            "next_row": self._next_row(step, rows),
             "compute_s": it.get("compute_s", 0.0)})
 
 
