@@ -114,8 +114,10 @@ def scheduling_text(task, plan) -> tuple[str, str]:
         words = ["each sample is its own request, sent as a slot frees" if task.schedule == "queue"
                  else "whole batches per engine call"]
         if task.redundancy > 1:
+            first_ready = any(t.consume == "first_ready" for t in plan.tasks)
             words.append(f"{st.launch_groups} groups launched for {st.prompts_per_step} trained, "
-                         "the last to finish cancelled")
+                         + ("the rest trained by later steps (first_ready)" if first_ready
+                            else "the last to finish cancelled"))
         words.append({"finish": "in-flight samples finish on the old weights",
                       "abort": "in-flight samples restart with new weights",
                       "continue": "in-flight samples go on with new weights"}.get(
