@@ -250,3 +250,16 @@ def test_redundant_environments_take_the_first_finished_episodes(tmp_path):
     assert result.dropped.get("redundant", 0) >= 3 * 2 * 2
     gen = [w for w in result.workers.values() if w.get("task") == "generate"]
     assert sum(w.get("cancelled", 0) for w in gen) > 0, gen
+
+
+def test_a_refilling_filter_that_drops_everything_is_af635_not_a_hang(tmp_path):
+    path = _filtered_pipeline(tmp_path, refill=True)
+    (tmp_path / "dropall.py").write_text(  # its own module: myfilters is imported already
+        "def nothing_passes(reward, groups):\n    return [False for _ in groups]\n")
+    text = open(path).read().replace("myfilters:every_third_out", "dropall:nothing_passes")
+    open(path, "w").write(text)
+    from asyncflow.runtime.driver import RunError
+
+    with pytest.raises(RunError) as e:
+        _run(tmp_path, SMALL + [_latency(1), "sync.0.max_staleness=1"], path=path)
+    assert str(e.value).startswith("AF635") and "'keep' (" in str(e.value), str(e.value)

@@ -176,8 +176,13 @@ def _summary(out, result, run_dir: str, Table) -> None:
         ("samples/s (steps only)", _fmt(result.samples / busy if busy > 0 else None, ".1f")),
         ("reward (first -> last)", f"{_fmt(rw[0] if rw else None)} -> {_fmt(rw[-1] if rw else None)}"),
         ("staleness mean / max", f"{_fmt(sum(sm) / len(sm) if sm else None, '.2f')} / {max(stl) if stl else '-'}"),
-        ("dropped (staleness)", str(sum(v for k, v in result.dropped.items() if k != 'filter'))),
+        ("dropped (staleness)", str(sum(v for k, v in result.dropped.items()
+                                        if k not in ("filter", "redundant")))),
         ("filtered", str(result.dropped.get("filter", 0))),
+        # the scheduling keys: redundancy's cancelled samples, refill's new groups, aborts
+        ("cancelled (redundancy)", str(result.dropped.get("redundant", 0))),
+        ("refilled groups", str(ms[-1].get("refilled", 0) if ms else 0)),
+        ("restarted by new weights", str(ms[-1].get("aborted", 0) if ms else 0)),
         ("bubble fraction (mean)", _fmt(sum(bub) / len(bub) if bub else None)),
         ("exposed sync (s)", f"{sync:.3f}"),
         ("leases re-issued", str(result.stats.get("leases_reissued", 0))),

@@ -38,4 +38,8 @@ CODES = [
          "train worker {worker} (task '{task}') died ({cause}) and the run has no checkpoint to "
          "restart it from (run with --checkpoint-every K)"),
     Code("AF634", "bad-inject", "--inject {spec}: {part} {why}"),
+    Code("AF635", "refill-starved",
+         "filter {tasks} dropped {groups} groups since the last train step, more than {rounds} "
+         "steps' launches: with refill: true new prompts would be fed for ever; check the filter "
+         "against the rewards it sees, or set refill: false"),
 ]

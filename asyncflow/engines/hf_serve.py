@@ -144,6 +144,20 @@ class QueueServer:
         out, self.finished = self.finished, []
         return out
 
+    def cancel(self, keys) -> int:
+        """Drop the queued or running requests among ``keys``; returns how many were."""
+        drop = {k for k in keys if k in self._keys}
+        if not drop:
+            return 0
+        self.queue = deque(r for r in self.queue if r.key not in drop)
+        self._stop_running(drop)
+        self._keys -= drop
+        return len(drop)
+
+    def _stop_running(self, keys: set) -> None:
+        """Take the running requests among ``keys`` out of the engine (the subclass's)."""
+        raise NotImplementedError
+
     def in_flight(self) -> int:
         return len(self.queue) + len(self.running)
 
@@ -188,17 +202,10 @@ class HFTurnServer(QueueServer):
                                    request_seed(self.seed, key)))
         self._keys.add(key)
 
-    def cancel(self, keys) -> int:
-        """Drop the queued or running requests among ``keys``; returns how many were."""
-        drop = {k for k in keys if k in self._keys}
-        if not drop:
-            return 0
-        self.queue = deque(r for r in self.queue if r.key not in drop)
-        gone = [i for i, r in enumerate(self.running) if r.key in drop]
+    def _stop_running(self, keys: set) -> None:
+        gone = [i for i, r in enumerate(self.running) if r.key in keys]
         if gone:
             self._retire(gone)
-        self._keys -= drop
-        return len(drop)
 
     # -- one step ----------------------------------------------------------------------------
     @torch.no_grad()

@@ -325,21 +325,13 @@ class VLLMTurnServer(QueueServer):
         self.queue.append(_Request(key, [int(t) for t in prefix_ids], cap))
         self._keys.add(key)
 
-    def cancel(self, keys) -> int:
-        """Drop the queued or running requests among ``keys``; returns how many were."""
-        drop = {k for k in keys if k in self._keys}
-        if not drop:
-            return 0
-        self.queue = deque(r for r in self.queue if r.key not in drop)
-        gone = [rid for rid, r in self.running.items() if r.key in drop]
+    def _stop_running(self, keys: set) -> None:
+        gone = [rid for rid, r in self.running.items() if r.key in keys]
         if gone:
             with self.engine._lock:
                 self.core.abort_request(gone)
             for rid in gone:
                 del self.running[rid]
-        self._keys -= drop
-        return len(drop)
-
 
     def close(self) -> None:
         """Abort whatever is still in vLLM (a stopped ``serve``), so ``generate`` starts clean."""

@@ -72,6 +72,11 @@ def fault(code: str, details: str = "", **fields) -> RunError:
     return RunError(f"{code}: {table()[code].message.format(**fields)}", details, code)
 
 
+#: AF635: a refilling filter may replace at most this many steps' launched groups in a row (a
+#: random policy on DAPO's digits needed about 80 before its first step)
+REFILL_ROUNDS = 100
+
+
 class _Restart(Exception):
     """A train worker died and the run has checkpoints: restart it from the newest one."""
 
@@ -306,6 +311,7 @@ class Driver:
         launch = st.launch_groups or st.prompts_per_step  # groups launched per step
         spp = st.samples_per_prompt
         fed = first_row // spp  # groups fed so far
+        filtered_at_step = 0  # rows filtered out when the last step's metrics came in
         # groups replaced before the checkpoint (a resumed run's windows start after them)
         offset = max(0, fed - start * launch)
         interrupted = False
@@ -361,6 +367,7 @@ class Driver:
                     del pending_reports[s]
                     row = self._metrics(s, reps, primary, c, last, rewards, drops, store, pools, t0)
                     metrics.append(row)
+                    filtered_at_step = drops.get("filter", 0)
                     for task in trainers:
                         train_rows.append(s, task, reps[task]["rows"])
                     if any(r.get("checkpoint") for r in reps.values()):
@@ -377,6 +384,7 @@ class Driver:
                     # for every group dropped for a replaced reason (refill, first_ready)
                     replaced = sum(drops.get(r, 0) for r in st.replace) // spp
                     self._refilled = replaced
+                    self._check_refill(drops.get("filter", 0) - filtered_at_step, launch)
                     fed = self._feed(store, prompts, fed,
                                      min(st.steps, version + ahead) * launch + replaced
                                      + offset)
@@ -466,6 +474,18 @@ class Driver:
             raise RunError(f"store numbered rows {rows[:3]}..., expected {want[:3]}... "
                            "(a step must own a contiguous row range)")
         return upto
+
+    def _check_refill(self, filtered_rows: int, launch: int) -> None:
+        """AF635: a refilling filter dropped every group of ``REFILL_ROUNDS`` steps' worth of
+        launches since the last train step: new prompts would be fed for ever."""
+        st = self.plan.step
+        if "filter" not in st.replace:
+            return
+        groups = filtered_rows // st.samples_per_prompt
+        if groups > REFILL_ROUNDS * launch:
+            tasks = [t for t in self.plan.tasks if t.kind == "filter" and t.refill]
+            raise fault("AF635", groups=groups, rounds=REFILL_ROUNDS, tasks=", ".join(
+                f"{t.name!r} ({t.loc})" if t.loc else repr(t.name) for t in tasks))
 
     # -- faults ----------------------------------------------------------------------------------
     def _start_options(self) -> dict:

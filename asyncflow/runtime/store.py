@@ -507,17 +507,22 @@ class SampleStore:
     def ack(self, lease_id: int | Lease, columns: dict[str, list] | None = None) -> bool:
         """Consume a lease's rows for its task (rule 4); ``columns``: the task's outputs for those
         rows (lease order), written in the same step. False (and counted) if the lease is stale."""
-        lease_id = getattr(lease_id, "id", lease_id)
         with self._cv:
-            rec = self._leases.get(lease_id)
+            rec = self._acked(lease_id)
             if rec is None:
-                self._counters["stale_acks"] += 1
                 return False
             if columns:
                 self._write_pos(rec.pos, columns)
-            del self._leases[lease_id]
+            del self._leases[rec.id]
             self._consume(rec.task, rec.pos, rec.rows)
             return True
+
+    def _acked(self, lease_id: int | Lease) -> _LeaseRec | None:
+        """The live lease an ack names; None (counted as a stale ack) if it is not live."""
+        rec = self._leases.get(getattr(lease_id, "id", lease_id))
+        if rec is None:
+            self._counters["stale_acks"] += 1
+        return rec
 
     def _consume(self, t: _Task, pos: np.ndarray, rows: list[int]) -> None:
         """Held positions ``pos`` (rows ``rows``) become consumed by ``t``."""
@@ -534,11 +539,9 @@ class SampleStore:
         rollout writes each sample as it finishes). The lease ends with its last row. False
         (and counted, as a stale ack) if the lease is not live; rows it does not hold are a
         StoreError."""
-        lease_id = getattr(lease_id, "id", lease_id)
         with self._cv:
-            rec = self._leases.get(lease_id)
+            rec = self._acked(lease_id)
             if rec is None:
-                self._counters["stale_acks"] += 1
                 return False
             pos, keep = self._part(rec, rows)
             if columns:
