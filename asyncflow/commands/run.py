@@ -182,7 +182,7 @@ def _summary(out, result, run_dir: str, Table) -> None:
         # the scheduling keys: redundancy's cancelled samples, refill's new groups, aborts
         ("cancelled (redundancy)", str(result.dropped.get("redundant", 0))),
         ("refilled groups", str(ms[-1].get("refilled", 0) if ms else 0)),
-        ("restarted by new weights", str(ms[-1].get("aborted", 0) if ms else 0)),
+        ("aborted (new weights)", str(ms[-1].get("aborted", 0) if ms else 0)),
         ("bubble fraction (mean)", _fmt(sum(bub) / len(bub) if bub else None)),
         ("exposed sync (s)", f"{sync:.3f}"),
         ("leases re-issued", str(result.stats.get("leases_reissued", 0))),

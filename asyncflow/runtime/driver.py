@@ -73,7 +73,7 @@ def fault(code: str, details: str = "", **fields) -> RunError:
 
 
 #: AF635: a refilling filter may replace at most this many steps' launched groups in a row (a
-#: random policy on DAPO's digits needed about 80 before its first step)
+#: random policy on pipelines/dapo.yaml needed more than 10 before its first step)
 REFILL_ROUNDS = 100
 
 
