@@ -159,6 +159,11 @@ class SimEnv:
         self.episode, self.turn, self.failures, self.latencies = episode, 0, 0, []
         return f"{prompt} find {self._digit(1)}:"
 
+    def step_seconds(self, turn: int) -> float:
+        """Modelled seconds of step ``turn`` (1-based) of this episode, before ``time_scale``
+        (``asyncflow simulate`` reads them without stepping)."""
+        return max(0.0, self.latency.sample(self._rng("latency", turn)))
+
     def step(self, action: str) -> tuple[str, float, bool]:
         if self.episode is None:
             raise RuntimeError("step() before reset()")
@@ -166,7 +171,7 @@ class SimEnv:
             raise RuntimeError("step() after the episode ended; call reset()")
         self.turn += 1
         t = self.turn
-        seconds = max(0.0, self.latency.sample(self._rng("latency", t)))
+        seconds = self.step_seconds(t)
         self.latencies.append(seconds)
         if seconds * self.time_scale > 0:
             time.sleep(seconds * self.time_scale)

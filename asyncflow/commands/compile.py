@@ -90,7 +90,8 @@ def plan_tables(plan):
     out = [tasks, binds, sched, pools, chans, sync, batch]
     e = plan.estimate
     if e is not None:
-        est = Table(title="estimate (steady state)", title_justify="left")
+        how = "simulated" if e.notes and e.notes[0].startswith("simulated") else "closed form"
+        est = Table(title=f"estimate (steady state, {how})", title_justify="left")
         est.add_column("quantity")
         est.add_column("value", justify="right")
         est.add_row("step time, this plan", _fmt_s(e.step_time))
@@ -189,7 +190,10 @@ def register(app: typer.Typer) -> None:
                      help="print the graph after this pass (parse, build IR, validate, staleness, "
                           "placement, overlap, lower, cost) and stop"),
                  device_kind: str = typer.Option("auto", "--device-kind",
-                                                 help="what a pool device is: gpu, cpu or auto")) -> None:
+                                                 help="what a pool device is: gpu, cpu or auto"),
+                 closed_form: bool = typer.Option(
+                     False, "--closed-form", help="estimate with the cost pass's closed form "
+                     "only (by default the estimate is simulated: asyncflow simulate)")) -> None:
         """Compile a pipeline; print the plan (tasks, bindings, scheduling, pools, channels, sync,
         batch, estimate)."""
         from asyncflow.compiler import Context, compile_file
@@ -224,6 +228,12 @@ def register(app: typer.Typer) -> None:
         if dump_after is not None:
             return emit(result)
         plan = result
+        if not closed_form and plan.estimate is not None:  # the estimate, simulated
+            from asyncflow.simulate.estimate import simulated
+
+            est = simulated(plan, file, set_ or ())
+            if est is not None:
+                plan.estimate = est
         if json_:
             return emit(plan.to_json())
         if dot or mermaid:

@@ -38,6 +38,15 @@ CODES = [
          "train worker {worker} (task '{task}') died ({cause}) and the run has no checkpoint to "
          "restart it from (run with --checkpoint-every K)"),
     Code("AF634", "bad-inject", "--inject {spec}: {part} {why}"),
+    # asyncflow simulate (asyncflow.simulate)
+    Code("AF640", "simulate-no-cost",
+         "nothing in pipeline '{pipeline}' takes time: no task has a cost hint (engine: sim "
+         "args, or a cost: mapping), so every step would take 0 s; give rollout '{task}' one, "
+         "e.g. cost: {{latency: 0.05, slots: 32}}, and the trainer cost: {{seconds_per_sample: "
+         "0.005}}"),
+    Code("AF641", "simulate-stalled",
+         "the simulated run stopped after {done} of {steps} steps: {why}"),
+    Code("AF642", "bad-sweep", "{what}"),
     Code("AF635", "refill-starved",
          "filter {tasks} dropped {groups} groups since the last train step, more than {rounds} "
          "steps' launches: with refill: true new prompts would be fed for ever; check the filter "

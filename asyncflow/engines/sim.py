@@ -12,8 +12,8 @@ arg                    meaning                                                  
 ``latency``            device time of one sample, in seconds: a number, or a           0.01
                        distribution ``{dist, ..., seed}`` (below)
 ``response_tokens``    length of a generated response: a number or a distribution      8
-``seconds_per_sample`` scorer / trainer: a call on n rows sleeps ``n * this``          0.002 /
-                                                                                       0.005
+``seconds_per_sample`` scorer / trainer: a call on n rows sleeps ``n * this / d``     0.002 /
+                       (``d``: the replica's ``devices_per_replica``, data parallel)   0.005
 ``sync_seconds``       time ``update_weights`` takes (weight transfer), per call        0
 ``time_scale``         multiplies every sleep (tests run a modelled second in 1 ms)    1.0
 =====================  ==============================================================  =========
@@ -117,6 +117,8 @@ class SimEngine:
         self.latency = _distribution(args.get("latency", 0.01))
         self.response_tokens = _distribution(args.get("response_tokens", 8))
         default_sps = 0.005 if spec.kind == "train" else 0.002
+        # a scorer's or trainer's replica on d devices splits each call's rows over them
+        self.devices = max(1, int((spec.extra or {}).get("devices", 1) or 1))
         self.seconds_per_sample = float(args.get("seconds_per_sample", default_sps))
         self.sync_seconds = float(args.get("sync_seconds", 0.0))
         self.time_scale = float(args.get("time_scale", 1.0))
@@ -302,7 +304,7 @@ class SimEngine:
         """Per-token floats for ``outputs[0]`` (log-probs < 0, or values in [-1, 1]), one per
         token of the batch's response; sleeps ``seconds_per_sample * n``."""
         n = _n_rows(batch)
-        self._sleep(self.seconds_per_sample * n)
+        self._sleep(self.seconds_per_sample * n / self.devices)
         name = (self.spec.outputs or ("logprobs",))[0]
         rows = self._rows(batch)
         source = _token_source(batch, n)
@@ -314,7 +316,7 @@ class SimEngine:
         """Sleeps ``seconds_per_sample * n``, bumps the version, returns ``{loss, samples, ...}``.
         The loss falls smoothly with the version, with a little deterministic noise."""
         n = _n_rows(batch)
-        self._sleep(self.seconds_per_sample * n)
+        self._sleep(self.seconds_per_sample * n / self.devices)
         with self._lock:
             self.version += 1
             self.steps += 1
@@ -329,7 +331,7 @@ class SimEngine:
         n = 0
         for batch in micro_batches:
             k = _n_rows(batch)
-            self._sleep(self.seconds_per_sample * k)
+            self._sleep(self.seconds_per_sample * k / self.devices)
             n += k
         with self._lock:
             self.version += 1

@@ -192,6 +192,29 @@ class RunResult:
 from asyncflow.runtime.data import load_prompts  # noqa: E402  (data reading lives there)
 
 
+def feed_ahead(plan: Plan) -> int:
+    """Steps fed beyond the last trained one: the most a data source's channel holds (its
+    ``capacity``, staleness rule 5), in whole steps."""
+    sources = {d.name for d in plan.data}
+    sps = plan.step.samples_per_step
+    caps = [c.capacity for c in plan.channels if c.src in sources]
+    return max(1, -(-max(caps, default=sps) // sps))
+
+
+def replaced_groups(st, drops: dict) -> int:
+    """Groups dropped for a reason the plan replaces (``StepPlan.replace``: refill,
+    first_ready's staleness), each replaced by a new prompt."""
+    return sum(drops.get(r, 0) for r in st.replace) // st.samples_per_prompt
+
+
+def feed_target(st, version: int, ahead: int, drops: dict, offset: int = 0) -> int:
+    """The groups fed once every trainer has trained ``version`` steps: the launches of the
+    steps the channels may hold, plus one new group per replaced group (``asyncflow simulate``
+    feeds by this same rule)."""
+    launch = st.launch_groups or st.prompts_per_step
+    return min(st.steps, version + ahead) * launch + replaced_groups(st, drops) + offset
+
+
 class Driver:
     """Runs one plan (module docstring). ``kill(worker_id)`` crashes a worker (tests)."""
 
@@ -382,12 +405,10 @@ class Driver:
                 try:
                     # groups launched up to the steps the channels may hold, plus one new group
                     # for every group dropped for a replaced reason (refill, first_ready)
-                    replaced = sum(drops.get(r, 0) for r in st.replace) // spp
-                    self._refilled = replaced
+                    self._refilled = replaced_groups(st, drops)
                     self._check_refill(drops.get("filter", 0) - filtered_at_step, launch)
                     fed = self._feed(store, prompts, fed,
-                                     min(st.steps, version + ahead) * launch + replaced
-                                     + offset)
+                                     feed_target(st, version, ahead, drops, offset))
                     if trainers and all(done[t] >= st.steps for t in trainers):
                         break
                     if not trainers and fed >= st.steps * launch and self._all_consumed(store, fed):
@@ -446,12 +467,7 @@ class Driver:
         return srcs[0] if srcs else (trainers[0] if trainers else None)
 
     def _ahead(self) -> int:
-        """Steps fed beyond the last trained one: the most a data source's channel holds
-        (its ``capacity``, staleness rule 5), in whole steps."""
-        sources = {d.name for d in self.plan.data}
-        sps = self.plan.step.samples_per_step
-        caps = [c.capacity for c in self.plan.channels if c.src in sources]
-        return max(1, -(-max(caps, default=sps) // sps))
+        return feed_ahead(self.plan)
 
     def _feed(self, store, prompts: list[dict], fed: int, upto: int) -> int:
         """Add groups ``fed .. upto - 1`` (group ``k`` is prompt ``k``, replicated

@@ -28,6 +28,7 @@ class Windows:
         self.replace = frozenset(replace)
         self.gone: dict[int, str] = {}  # row -> why it was removed
         self.replaced_rows = 0  # rows removed for a replaceable reason (fed again as new groups)
+        self._last: tuple | None = None  # ((g0, removals), window): the last window asked for
 
     def note(self, rows, reason: str) -> None:
         """Rows removed from the store (the control's ``dropped`` stream)."""
@@ -45,7 +46,15 @@ class Windows:
 
     def window(self, g0: int) -> tuple[int, list[int]]:
         """``(g_end, rows)``: the window starting at group ``g0`` ends before group ``g_end``;
-        ``rows`` are its live rows, ascending."""
+        ``rows`` are its live rows, ascending (the same list until a removal: do not change
+        it)."""
+        key = (g0, len(self.gone))
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        self._last = (key, self._window(g0))
+        return self._last[1]
+
+    def _window(self, g0: int) -> tuple[int, list[int]]:
         rows: list[int] = []
         g, live = g0, 0
         while live < self.launch:

@@ -79,6 +79,7 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              # colocated engines do not oversubscribe the cores (2 threads each on 2 cores ran
              # the main job 7x slower)
              "threads": max(1, task.devices_per_replica) if plan.device_kind == "CPU" else None,
+             "devices": max(1, task.devices_per_replica),
              # scorers and trainers see log-probs at the temperature the rollout sampled with
              "temperature": _rollout_temperature(plan), "search_path": list(paths),
              # the scheduling keys an engine acts on (engines/base.py, "scheduling")
@@ -784,11 +785,23 @@ class Worker:
         self.windows.note(rows, reason)
 
     def _step_leases(self, op: Op, step: int, leases: list):
-        """Lease step ``step``'s rows as they become ready, yielding each lease (module
-        :mod:`asyncflow.runtime.windows` says which rows): ``in_order`` takes the step's window
-        (with redundancy: its first ``prompts_per_step`` ready groups, cancelling the rest);
-        ``first_ready`` the lowest ready fresh-enough groups; a train task that is not the
-        primary trains exactly the rows the primary chose."""
+        """:meth:`step_reads` with its waits: a None there is a read that found nothing (the
+        store's ``get`` waited ``train_read_timeout_s`` already; a follower polls the control
+        for the primary's choice)."""
+        for lease in self.step_reads(op, step, leases):
+            if lease is not None:
+                yield lease
+            elif self.follows:
+                time.sleep(self.backoff * 4)
+
+    def step_reads(self, op: Op, step: int, leases: list):
+        """Lease step ``step``'s rows as they become ready, yielding each lease, or None after a
+        read that found nothing (the caller waits: :meth:`_step_leases` in real time,
+        ``asyncflow simulate`` in virtual time). Module :mod:`asyncflow.runtime.windows` says
+        which rows: ``in_order`` takes the step's window (with redundancy: its first
+        ``prompts_per_step`` ready groups, cancelling the rest); ``first_ready`` the lowest ready
+        fresh-enough groups; a train task that is not the primary trains exactly the rows the
+        primary chose."""
         spp, pps = self.st.samples_per_prompt, self.st.prompts_per_step
         lease_s = op.lease_s or None
         t = time.time()
@@ -806,7 +819,7 @@ class Worker:
                     raise Stop()
                 rows = self.control.chosen(step)
                 if rows is None:
-                    time.sleep(self.backoff * 4)
+                    yield None
             need = set(rows)
             while need:
                 if self._sync():
@@ -816,7 +829,7 @@ class Worker:
                                          lease_s=lease_s)
                 if lease is not None:
                     need.difference_update(lease.rows)
-                    yield got(lease)
+                yield got(lease) if lease is not None else None
                 t = time.time()
             return
         taken: list[int] = []
@@ -830,7 +843,7 @@ class Worker:
                                          group_size=spp, lease_s=lease_s)
                 if lease is not None:
                     taken.extend(lease.rows)
-                    yield got(lease)
+                yield got(lease) if lease is not None else None
                 t = time.time()
         else:
             redundant = self.loop == "train" and self.launch > pps
@@ -849,10 +862,10 @@ class Worker:
                         break
                     want, least = max(spp, min(op.rows, need * spp) // spp * spp), spp
                 else:
-                    left = [r for r in live if r not in have]
+                    left = len(live) - len(have.intersection(live))
                     if not left:
                         break
-                    want = least = min(op.rows, len(left))
+                    want = least = min(op.rows, left)
                 if self._sync():
                     raise Stop()
                 lease = self._lease_step(
@@ -861,7 +874,7 @@ class Worker:
                     filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None)
                 if lease is not None:
                     have.update(lease.rows)
-                    yield got(lease)
+                yield got(lease) if lease is not None else None
                 t = time.time()
             taken = sorted(have)
             if redundant:  # the rest of the window is not needed: cancel it
