@@ -323,18 +323,40 @@ class SampleStore:
         self._cv.notify_all()
 
     # ------------------------------------------------------------------ reading
-    def _eligible(self, t: _Task, max_row: int | None, min_version: int | None) -> np.ndarray:
-        """Positions eligible for ``t`` (inputs ready, not consumed/held/dropped), row order."""
+    def _eligible(self, t: _Task, max_row: int | None, min_version: int | None,
+                  limit: int | None = None) -> np.ndarray:
+        """Positions eligible for ``t`` (inputs ready, not consumed/held/dropped), row order.
+        ``limit``: only the first ``limit`` of them are wanted (rows in position order: the
+        scan stops once it has them; a read of a few rows does not mask every row ahead)."""
         n = self._n
         lo = t.floor
-        done = t.consumed[lo:n] | self._dropped[lo:n]
-        if len(done) and done[0]:
-            step = int(np.argmin(done)) if not done.all() else len(done)
-            lo += step
-            t.floor = lo
+        while lo < n and (t.consumed[lo] or self._dropped[lo]):  # the floor: done rows below
+            end = min(n, lo + 4096)
+            done = t.consumed[lo:end] | self._dropped[lo:end]
+            if done.all():
+                lo = end
+                continue
+            lo += int(np.argmin(done))
+            break
+        t.floor = lo
         hi = n
         if max_row is not None and self._sorted:
             hi = lo + int(np.searchsorted(self._row[lo:n], max_row, "left"))
+        if limit is None or not self._sorted:
+            return self._scan(t, lo, hi, max_row, min_version)
+        parts, found, size = [], 0, max(1024, 8 * int(limit))
+        while lo < hi and found < limit:
+            end = min(hi, lo + size)
+            part = self._scan(t, lo, end, max_row, min_version)
+            parts.append(part)
+            found += len(part)
+            lo, size = end, size * 4
+        return parts[0] if len(parts) == 1 else (np.concatenate(parts) if parts else
+                                                 np.empty(0, np.int64))
+
+    def _scan(self, t: _Task, lo: int, hi: int, max_row: int | None,
+              min_version: int | None) -> np.ndarray:
+        """Eligible positions in ``[lo, hi)``, row order."""
         mask = ~(t.consumed[lo:hi] | t.held[lo:hi] | self._dropped[lo:hi])
         for f in t.inputs:
             r = self._ready.get(f)
@@ -360,7 +382,8 @@ class SampleStore:
         filter_fn,
         min_version: int | None,
     ) -> np.ndarray:
-        cand = self._eligible(t, max_row, min_version)
+        plain = filter_fn is None and not whole_groups
+        cand = self._eligible(t, max_row, min_version, limit=n if plain else None)
         if filter_fn is not None and len(cand):
             keep = [
                 bool(filter_fn({"_row": int(r), "_group": int(g), "_version": None if v == _UNSET else int(v)}))

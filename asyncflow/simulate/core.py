@@ -208,12 +208,18 @@ class SimWorker(Worker):
         self.need = 1
         self.fresh = 0
         self.dry = False  # the last read drained the store
+        read = next((o for o in self.body if o.kind == "READ"), None)
+        # a reader of whole groups counts writes per group (Simulation.wrote)
+        self.unit = read.unit if read is not None and read.granularity == "group" \
+            and read.unit > 1 and self.st.samples_per_prompt == read.unit else 0
+        self.fill: dict[int, int] = {}
 
     def _missed(self, min_rows: int) -> None:
-        """A read of at least ``min_rows`` rows found too few: wait for that many more."""
+        """A read of at least ``min_rows`` rows found too few: wait for that many more (a
+        reader of whole groups: for one more group written whole)."""
         self.waiting = True
         self.fresh = 0
-        self.need = 1 if min_rows <= 1 else max(
+        self.need = 1 if min_rows <= 1 or self.unit else max(
             1, int(min_rows) - self.store.pending(self.task.name))
 
     def _drained(self, asked: int, got: int) -> None:
@@ -350,9 +356,9 @@ class BatchWorker(_StepReader, SimWorker):
                 for lease in it.get("leases") or []:
                     cols = {f: [0] * len(lease.rows) for f in self.task.outputs}
                     self._ack(lease.id, cols)
-                self.sim.wrote(self.task.name, len(rows))
+                self.sim.wrote(self.task.name, rows)
             elif self._write(self.write_op, it):
-                self.sim.wrote(self.task.name, len(rows))
+                self.sim.wrote(self.task.name, rows)
             else:
                 self.sim.released(self.task.name)
         self.poke()
@@ -465,7 +471,7 @@ class ServeWorker(SimWorker):
         for op in self.post:
             wrote = self._write(op, it)
         if wrote:
-            self.sim.wrote(self.task.name, 1)
+            self.sim.wrote(self.task.name, rows)
         else:
             self.sim.released(self.task.name)
         self._settle(f[1])
@@ -720,12 +726,24 @@ class Simulation:
             if t.kind == kind:
                 self.wake(t.name)
 
-    def wrote(self, task: str, n: int) -> None:
-        """``n`` rows of ``task``'s outputs were written: wake a reader once as many rows as
-        its last read lacked have been written (an over-count only costs a read)."""
+    def wrote(self, task: str, rows: list[int]) -> None:
+        """``rows`` of ``task``'s outputs were written: wake a reader once as many rows as its
+        last read lacked have been written -- for a reader of whole groups, once a group has
+        had a write to each of its rows (an over-count only costs a read; the group of row r
+        is r // samples_per_prompt, as the feed numbers them)."""
         for r in self.readers.get(task, ()):
             for w in self.by_task.get(r, ()):
-                w.fresh += n
+                if w.unit:
+                    for row in rows:
+                        g = row // w.unit
+                        k = w.fill.get(g, 0) + 1
+                        if k >= w.unit:
+                            w.fill.pop(g, None)
+                            w.fresh += w.unit
+                        else:
+                            w.fill[g] = k
+                else:
+                    w.fresh += len(rows)
                 if w.waiting and w.fresh >= w.need:
                     self.soon(w.poke)
 
