@@ -90,8 +90,10 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                "episode per sample instead of a single response.",
         "args": "Settings of the task: for its engine, its fn or env (which get the keywords "
                 "they accept), its estimator or its loss.",
-        "cost": "Cost hints for the compiler's step-time estimate, e.g. {latency: ..., slots: "
-                "..., seconds_per_sample: ..., seconds_per_call: ...}.",
+        "cost": "Cost hints: the device time of this task for the compiler's step-time "
+                "estimate and for asyncflow simulate, e.g. {latency: ..., slots: ..., "
+                "seconds_per_sample: ..., seconds_per_call: ...} (an engine: sim task's args "
+                "serve when it has none).",
         "schedule": "Rollout tasks: how samples are generated. queue (the default): each sample "
                     "is its own request; a slot freed by a finished sample takes the next at once, "
                     "and the sample streams on to its reward. batch: whole batches per engine "

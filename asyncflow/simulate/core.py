@@ -756,7 +756,7 @@ class Simulation:
         for w in self.workers:
             w.windows.note(rows, reason)
             if isinstance(w, ServeWorker):  # cancelled in flight; replaced rows may start
-                w._cancel_q.extend(rows)
+                w._cancel_q.extend(r for r in rows if r in w.flight)
                 w.fresh = max(w.fresh, w.need)
                 self.soon(w.poke)
         self.soon(self.feed)

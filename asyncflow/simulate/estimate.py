@@ -37,9 +37,15 @@ def simulated(plan: Plan, file: str, sets=(), steps: int = STEPS) -> Estimate | 
                for t in plan.tasks):
         return None
     t0 = time.perf_counter()
-    mine = simulate(compile_file(file, list(sets)), steps=n)
     extra = sync_sets(plan)
-    sync = simulate(compile_file(file, list(sets) + extra), steps=n) if extra else mine
+    try:
+        mine = simulate(compile_file(file, list(sets)), steps=n)
+        sync = simulate(compile_file(file, list(sets) + extra), steps=n) if extra else mine
+    except Exception as e:  # the estimate never fails a compile: the closed form stays
+        if est is not None:
+            est.notes.insert(0, f"closed form: the simulation failed ({e.__class__.__name__}: "
+                                f"{e}); asyncflow simulate shows why")
+        return None
     if mine.stalled or sync.stalled or mine.samples_per_s <= 0 or sync.samples_per_s <= 0:
         return None
     wall = time.perf_counter() - t0
