@@ -218,6 +218,20 @@ class Plan:
                 return t
         raise KeyError(name)
 
+    def worker(self, wid: str) -> WorkerPlan:
+        """The worker ``wid`` ("task/replica"); an index built once (10,000 workers each
+        looking themselves up were quadratic)."""
+        index = self.__dict__.get("_workers_by_id")
+        if index is None or len(index) != len(self.workers):
+            index = {w.id: w for w in self.workers}
+            self.__dict__["_workers_by_id"] = index
+        w = index.get(wid)
+        if w is None or w.id != wid:
+            w = next((x for x in self.workers if x.id == wid), None)
+            if w is None:
+                raise KeyError(wid)
+        return w
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -131,7 +131,7 @@ class Worker:
     def __init__(self, plan: dict, worker_id: str, store, control, t0: float,
                  options: dict | None = None):
         self.plan = Plan.from_dict(plan) if isinstance(plan, dict) else plan
-        self.wp = next(w for w in self.plan.workers if w.id == worker_id)
+        self.wp = self.plan.worker(worker_id)
         self.task = self.plan.task(self.wp.task)
         self.id = worker_id
         self.store, self.control, self.t0 = store, control, t0

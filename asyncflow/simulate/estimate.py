@@ -64,7 +64,11 @@ def simulated(plan: Plan, file: str, sets=(), steps: int = STEPS) -> Estimate | 
              + (" and of its synchronous form (staleness 0)" if extra else "")
              + f" in {wall:.2f} s (asyncflow simulate){said}"]
     notes += [x for x in (est.notes if est else []) if "not modelled" not in x]
+    # ideal: the busiest pool's device work per step, as the simulation spent it
+    work = [v["busy_s"] / max(1, v["devices"]) / len(mine.step_ends) for v in mine.pools.values()]
+    ideal = max(work, default=0.0) or (est.ideal_step_time if est else 0.0)
     return dataclasses.replace(
         est or Estimate(0, 0, 0, 0, 0, 1), step_time=r(step), step_time_sync=r(step_sync),
+        ideal_step_time=r(ideal),
         samples_per_s=r(mine.samples_per_s), samples_per_s_sync=r(sync.samples_per_s),
         speedup=r(step_sync / step) if step > 0 else 1.0, notes=notes, bottleneck=bound)
