@@ -9,7 +9,8 @@ key                    meaning
 ``latency``            device time of one sample: a number or a distribution spec
                        (:mod:`asyncflow.costmodel`); ``slots`` of them run at once
 ``slots``              samples one replica works on at once (default 1)
-``seconds_per_sample`` a call on n rows takes n * this
+``seconds_per_sample`` a call on n rows takes n * this (a train, logprob or value
+                       replica on d devices: n * this / d, data parallel)
 ``seconds_per_call``   each call takes this on top (a call = one READ's rows)
 =====================  ============================================================
 
@@ -81,8 +82,14 @@ def hints(task: TaskPlan) -> tuple[dict, str]:
     return {}, "cost"
 
 
+#: task kinds whose replica splits a call's rows over its devices (data parallel)
+DATA_PARALLEL = ("train", "logprob", "value")
+
+
 def read_hints(task: TaskPlan) -> TaskCost:
-    """Parse a task's hints; raise HintError (code AF403 / AF404, key path) when one is bad."""
+    """Parse a task's hints; raise HintError (code AF403 / AF404, key path) when one is bad.
+    A data-parallel kind's ``seconds_per_sample`` comes back divided by its
+    ``devices_per_replica``."""
     h, where = hints(task)
     c = TaskCost()
     for k, v in h.items():
@@ -106,6 +113,8 @@ def read_hints(task: TaskPlan) -> TaskCost:
             c.slots = v
         else:
             setattr(c, k, float(v))
+    if task.kind in DATA_PARALLEL and task.devices_per_replica > 1:
+        c.seconds_per_sample /= task.devices_per_replica
     return c
 
 
