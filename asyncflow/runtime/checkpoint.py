@@ -207,15 +207,8 @@ def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
 
 
 def start_rows_at(store, first_row: int) -> None:
-    """Make an empty store number its next rows from ``first_row`` (local or Ray store)."""
-    shards = getattr(store, "_shards", None)
-    if shards is not None:
-        import ray
-
-        ray.get(shards[0].next_row.remote(int(first_row)), timeout=120.0)  # bounded, as every call
-        return
-    with store._cv:
-        store._next_row = max(store._next_row, int(first_row))
+    """Make an empty store number its next rows from ``first_row`` (any :class:`Store`)."""
+    store.start_rows_at(int(first_row))
 
 
 class TrainRowsLog:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pickle
 import threading
 import time
 import uuid
@@ -54,7 +53,14 @@ from typing import Any
 import numpy as np
 import ray
 
-from asyncflow.runtime.store import (SNAPSHOT_FORMAT, Lease, SampleStore, StoreError, StoreLost, _take,
+from asyncflow.runtime.codec import Ragged  # noqa: F401 -- re-exported: columns users build
+from asyncflow.runtime.codec import col_concat as _col_concat
+from asyncflow.runtime.codec import col_take as _col_take
+from asyncflow.runtime.codec import nbytes as _nbytes
+from asyncflow.runtime.codec import pack_cols as _pack_cols
+from asyncflow.runtime.codec import plain as _plain
+from asyncflow.runtime.codec import unpack_cols as _unpack_cols
+from asyncflow.runtime.store import (SNAPSHOT_FORMAT, Lease, SampleStore, StoreError, StoreLost,
                                      check_new_rows)
 
 _BITS = 40
@@ -79,170 +85,6 @@ def _get(refs, wait_s: float = 0.0):
 
 
 # ---------------------------------------------------------------------- column types
-class Ragged:
-    """Variable-length rows (token ids) as one flat array and ``offsets`` (length rows + 1):
-    row ``i`` is ``flat[offsets[i]:offsets[i + 1]]``. A column type the store moves without
-    per-row pickling; indexing a row gives a numpy array."""
-
-    __slots__ = ("flat", "offsets")
-
-    def __init__(self, flat, offsets):
-        self.flat = np.asarray(flat)
-        self.offsets = np.asarray(offsets, np.int64)
-
-    @classmethod
-    def from_lists(cls, rows, dtype=np.int64) -> "Ragged":
-        k = len(rows)
-        off = np.zeros(k + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, rows), np.int64, k), out=off[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype, int(off[-1]))
-        return cls(flat, off)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.flat.nbytes + self.offsets.nbytes)
-
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            a, b, step = i.indices(len(self))
-            if step != 1:
-                return self.take(np.arange(a, b, step))
-            b = max(a, b)
-            o = self.offsets[a : b + 1]
-            return Ragged(self.flat[o[0] : o[-1]], o - o[0])
-        i = int(i)
-        if i < 0:
-            i += len(self)
-        return self.flat[self.offsets[i] : self.offsets[i + 1]]
-
-    def __iter__(self):
-        o = self.offsets.tolist()
-        for a, b in zip(o[:-1], o[1:]):
-            yield self.flat[a:b]
-
-    def take(self, idx) -> "Ragged":
-        idx = np.asarray(idx, np.int64).reshape(-1)
-        if len(idx) == 0:
-            return Ragged(self.flat[:0], np.zeros(1, np.int64))
-        a, b = int(idx[0]), int(idx[-1])
-        if b - a == len(idx) - 1 and (len(idx) <= 2 or bool((np.diff(idx) == 1).all())):
-            return self[a : b + 1]
-        starts = self.offsets[idx]
-        lens = self.offsets[idx + 1] - starts
-        off = np.zeros(len(idx) + 1, np.int64)
-        np.cumsum(lens, out=off[1:])
-        gather = np.repeat(starts - off[:-1], lens) + np.arange(int(off[-1]))
-        return Ragged(self.flat[gather], off)
-
-    @staticmethod
-    def concat(parts) -> "Ragged":
-        parts = list(parts)
-        if len(parts) == 1:
-            return parts[0]
-        flat = np.concatenate([p.flat for p in parts])
-        shift = np.cumsum([0] + [int(p.offsets[-1] - p.offsets[0]) for p in parts[:-1]])
-        off = np.concatenate([parts[0].offsets[:1] - parts[0].offsets[0]]
-                             + [p.offsets[1:] - p.offsets[0] + s for p, s in zip(parts, shift)])  # fmt: skip
-        return Ragged(flat, off)
-
-    def tolist(self) -> list[list]:
-        vals, o = self.flat.tolist(), self.offsets.tolist()
-        return [vals[a:b] for a, b in zip(o[:-1], o[1:])]
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, Ragged):
-            return bool(np.array_equal(self.offsets - self.offsets[0], other.offsets - other.offsets[0])
-                        and np.array_equal(self.flat[self.offsets[0]:self.offsets[-1]],
-                                           other.flat[other.offsets[0]:other.offsets[-1]]))  # fmt: skip
-        try:
-            return len(self) == len(other) and self.tolist() == [list(x) for x in other]
-        except TypeError:
-            return NotImplemented
-
-    def __repr__(self) -> str:
-        return f"Ragged({len(self)} rows, {len(self.flat)} values, {self.flat.dtype})"
-
-
-def _col_take(col, idx: np.ndarray):
-    """``col[idx]`` for a list, numpy array or Ragged column (a slice/view when contiguous)."""
-    if isinstance(col, np.ndarray):
-        if len(idx) and int(idx[-1]) - int(idx[0]) == len(idx) - 1 and (len(idx) <= 2 or bool((np.diff(idx) == 1).all())):
-            return col[int(idx[0]) : int(idx[-1]) + 1]
-        return col[idx]
-    if isinstance(col, Ragged):
-        return col.take(idx)
-    return _take(col if isinstance(col, list) else list(col), idx)
-
-
-def _col_concat(parts: list):
-    if len(parts) == 1:
-        return parts[0]
-    if all(isinstance(p, np.ndarray) for p in parts):
-        return np.concatenate(parts)
-    if all(isinstance(p, Ragged) for p in parts):
-        return Ragged.concat(parts)
-    out: list = []
-    for p in parts:
-        out.extend(p.tolist() if isinstance(p, np.ndarray) else p)
-    return out
-
-
-def _plain(col) -> list:
-    """A column as plain Python data (snapshots)."""
-    if isinstance(col, (np.ndarray, Ragged)):
-        return col.tolist()
-    return [x.tolist() if isinstance(x, np.ndarray) else x for x in col]
-
-
-class _Pickled:
-    """A list column pickled once by the writing handle: shards move it as bytes (no per-row
-    unpickling/pickling in the shard); the reading handle unpickles it once per chunk."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes):
-        self.data = data
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data)
-
-
-def _pack_cols(columns: dict | None, min_rows: int = 64) -> dict | None:
-    """List columns of ``min_rows`` or more as :class:`_Pickled` (what the handle sends)."""
-    if not columns:
-        return columns
-    return {f: _Pickled(pickle.dumps(v, protocol=5))
-            if f != "_version" and not isinstance(v, (np.ndarray, Ragged)) and len(v) >= min_rows else v
-            for f, v in columns.items()}  # fmt: skip
-
-
-def _unpack_cols(columns: dict) -> dict:
-    if not any(isinstance(v, _Pickled) for v in columns.values()):
-        return columns
-    return {f: pickle.loads(v.data) if isinstance(v, _Pickled) else v for f, v in columns.items()}
-
-
-def _nbytes(col) -> int:
-    if isinstance(col, (np.ndarray, Ragged, _Pickled)):
-        return col.nbytes
-    k = len(col)
-    if k == 0:
-        return 0
-    x = col[0]
-    if isinstance(x, np.ndarray):
-        return k * (x.nbytes + 100)
-    if isinstance(x, (list, tuple, str, bytes)):
-        return k * (3 * len(x) + 16)
-    return 9 * k
-
-
 # ---------------------------------------------------------------------- shards
 class _Shard:
     """One shard: the row bookkeeping (a SampleStore whose values are chunk locators) and the
@@ -376,16 +218,16 @@ class _Shard:
 
     def write(self, rows: list[int], columns: dict, lease_id: int | None = None) -> bool:
         st = self.store
-        if lease_id is not None and lease_id not in st._leases:
+        if lease_id is not None and not st.live(lease_id):
             return st.write(rows, {}, lease_id=lease_id)  # counts the stale write
         return self._stored(columns, rows, lambda cols: st.write(rows, cols, lease_id=lease_id))
 
     def ack(self, lease_id: int, columns: dict | None = None) -> bool:
         st = self.store
-        rec = st._leases.get(lease_id)
-        if not columns or rec is None:
+        rows = st.lease_rows(lease_id) if columns else None
+        if rows is None:
             return st.ack(lease_id)
-        return self._stored(columns, rec.rows, lambda cols: st.ack(lease_id, cols))
+        return self._stored(columns, rows, lambda cols: st.ack(lease_id, cols))
 
     def ack_rows(self, lease_id: int, rows: list[int], columns: dict | None = None) -> bool:
         if not columns:
@@ -410,20 +252,7 @@ class _Shard:
 
     def trim(self, lease_id: int, keep: list[int]) -> bool:
         """Give back the rows of a live lease that are not in ``keep`` (the handle's surplus)."""
-        st = self.store
-        with st._cv:
-            rec = st._leases.get(lease_id)
-            if rec is None:
-                return False
-            mask = np.isin(np.asarray(rec.rows, np.int64), np.asarray(keep, np.int64))
-            back = rec.pos[~mask]
-            rec.task.held[back] = False
-            rec.task.n_held -= len(back)
-            rec.pos = rec.pos[mask]
-            rec.rows = np.asarray(rec.rows, np.int64)[mask].tolist()
-            st._changes += 1
-            st._cv.notify_all()
-            return True
+        return self.store.trim(lease_id, keep)
 
     def get(self, task, n, kw):
         """A lease of this shard: (id, rows, bookkeeping columns, locators per field, chunks)."""
@@ -447,9 +276,9 @@ class _Shard:
     def gc(self) -> int:
         st = self.store
         freed = st.gc()
-        with st._cv, self._chunk_lock:
+        with self._chunk_lock:
             for cid, (_, rows) in list(self._chunks.items()):
-                if bool(st._freed[st._positions(rows)].all()):
+                if st.all_freed(rows):
                     del self._chunks[cid]
         return freed
 
@@ -587,6 +416,10 @@ class RayStore:
     # ------------------------------------------------------------------ writing
     def register_task(self, task: str, inputs: list[str]) -> None:
         self._all("register_task", task, list(inputs))
+
+    def start_rows_at(self, first_row: int) -> None:
+        """Number the next rows from ``first_row`` on (shard 0 allocates them)."""
+        _get(self._shards[0].next_row.remote(int(first_row)))
 
     def add_rows(self, columns: dict, groups: list[int], versions: list[int] | None = None) -> list[int]:
         """Append rows; a group's rows must be adjacent here (module docstring). Returns indices.

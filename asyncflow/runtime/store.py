@@ -606,6 +606,45 @@ class SampleStore:
         rec.pos = rec.pos[keep]
         rec.rows = [r for r, k in zip(rec.rows, keep.tolist()) if k]
 
+    def live(self, lease_id: int | Lease) -> bool:
+        """Whether lease ``lease_id`` is live (not acked, released, expired or revoked)."""
+        with self._cv:
+            return getattr(lease_id, "id", lease_id) in self._leases
+
+    def lease_rows(self, lease_id: int | Lease) -> list[int] | None:
+        """The rows lease ``lease_id`` still holds (None when it is not live)."""
+        with self._cv:
+            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            return None if rec is None else list(rec.rows)
+
+    def trim(self, lease_id: int | Lease, keep: list[int]) -> bool:
+        """Give back the rows of a live lease that are not in ``keep``; the lease keeps the
+        others (a sharded store's handle asked every shard for more than it took)."""
+        with self._cv:
+            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            if rec is None:
+                return False
+            mask = np.isin(np.asarray(rec.rows, np.int64), np.asarray(keep, np.int64))
+            back = rec.pos[~mask]
+            rec.task.held[back] = False
+            rec.task.n_held -= len(back)
+            rec.pos = rec.pos[mask]
+            rec.rows = np.asarray(rec.rows, np.int64)[mask].tolist()
+            self._changes += 1
+            self._cv.notify_all()
+            return True
+
+    def all_freed(self, rows) -> bool:
+        """Whether :meth:`gc` has freed the values of every row in ``rows``."""
+        with self._cv:
+            return bool(self._freed[self._positions(rows)].all())
+
+    def start_rows_at(self, first_row: int) -> None:
+        """Number the next rows from ``first_row`` on (at least): a resumed run's rows before
+        the trainer's next window were trained before its checkpoint."""
+        with self._cv:
+            self._next_row = max(self._next_row, int(first_row))
+
     def release(self, lease_id: int | Lease) -> bool:
         """Give a lease's rows back unconsumed. False if the lease is not live."""
         lease_id = getattr(lease_id, "id", lease_id)
@@ -700,6 +739,11 @@ class SampleStore:
         """(ack time, rows) per ack of ``task`` (the sharded store merges these by time)."""
         with self._cv:
             return [(ts, list(rows)) for ts, rows in self._task(task).order]
+
+    def drop_counts(self) -> dict[str, int]:
+        """Rows dropped so far, by reason (cheaper than :meth:`stats`)."""
+        with self._cv:
+            return {k: int(v) for k, v in self._drops.items() if v}
 
     def pending(self, task: str) -> int:
         """Rows eligible for ``task`` right now (ready, not consumed, leased or dropped)."""

@@ -751,8 +751,7 @@ class Simulation:
         self.wake(task)
 
     def dropped(self, rows: list[int], reason: str) -> None:
-        n = self.store._drops  # noqa: SLF001 -- the counts the store keeps by reason
-        self.drops = {k: int(v) for k, v in n.items()}
+        self.drops = self.store.drop_counts()
         for w in self.workers:
             w.windows.note(rows, reason)
             if isinstance(w, ServeWorker):  # cancelled in flight; replaced rows may start
@@ -789,7 +788,7 @@ class Simulation:
     def feed(self) -> None:
         st = self.plan.step
         version = min(self.done.values()) if self.done else st.steps
-        self.drops = {k: int(v) for k, v in self.store._drops.items()}  # noqa: SLF001
+        self.drops = self.store.drop_counts()
         upto = feed_target(st, version, self.ahead, self.drops)
         if upto <= self.fed:
             return
@@ -858,7 +857,7 @@ class Simulation:
             util = min(1.0, busy / (p.devices * end)) if p.devices else 0.0
             r.pools[p.name] = {"devices": p.devices, "busy_s": busy, "utilization": util,
                                "bubble": 1.0 - util}
-        r.drops = {k: int(v) for k, v in self.store._drops.items() if v}  # noqa: SLF001
+        r.drops = self.store.drop_counts()
         r.cancelled = sum(int(w._stats.get("cancelled", 0)) for w in self.workers)
         r.aborted = sum(int(w._stats.get("aborted", 0)) for w in self.workers)
         r.events = self.events
