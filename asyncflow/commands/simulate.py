@@ -40,13 +40,10 @@ def _located(plan, code: str, at=None, **fmt):
 
 def _check_costs(plan) -> None:
     """AF640: no task costs anything (every step would take 0 s)."""
-    from asyncflow.simulate.core import device
+    from asyncflow.simulate.core import has_costs
 
-    for t in plan.tasks:
-        d = device(plan, t)
-        if d.engine is not None or d.latency is not None or d.seconds_per_sample \
-                or d.seconds_per_call:
-            return
+    if has_costs(plan):
+        return
     roll = next((t for t in plan.tasks if t.kind == "rollout"), plan.tasks[0] if plan.tasks
                 else None)
     raise _located(plan, "AF640", roll, pipeline=plan.pipeline,

@@ -85,6 +85,12 @@ def _rng(*key) -> random.Random:
     return random.Random(":".join(str(k) for k in key))
 
 
+def row_latency(dist, row: int) -> float:
+    """The draw of distribution ``dist`` for store row ``row``: depends only on (its ``seed``,
+    ``row``), so a row costs the same wherever it runs (and in ``asyncflow simulate``)."""
+    return max(0.0, dist.sample(_rng("latency", dist.seed, row)))
+
+
 def slot_schedule(latencies: list[float], slots: int) -> list[tuple[float, int]]:
     """``(finish_time, i)`` of each row, in completion order, when rows are taken in order by
     ``slots`` concurrent slots and a freed slot takes the next row at once. The last finish
@@ -151,7 +157,7 @@ class SimEngine:
 
     def latency_of(self, row: int) -> float:
         """Modelled device seconds of the sample in store row ``row`` (before ``time_scale``)."""
-        return max(0.0, self.latency.sample(_rng("latency", self.latency.seed, row)))
+        return row_latency(self.latency, row)
 
     def _length(self, row: int) -> int:
         return max(1, int(round(self.response_tokens.sample(_rng("len", self.seed, row)))))

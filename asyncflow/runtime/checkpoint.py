@@ -206,11 +206,6 @@ def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
             "train_rows": rows}
 
 
-def start_rows_at(store, first_row: int) -> None:
-    """Make an empty store number its next rows from ``first_row`` (any :class:`Store`)."""
-    store.start_rows_at(int(first_row))
-
-
 class TrainRowsLog:
     """``RUN_DIR/train_rows.jsonl``: the rows of every train step, appended as steps finish."""
 

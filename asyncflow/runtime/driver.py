@@ -311,7 +311,7 @@ class Driver:
         store = be.make_store(plan)
         self.store = store
         if start:  # rows before the trainer's next window were trained before the checkpoint
-            ckpt.start_rows_at(store, first_row)
+            store.start_rows_at(first_row)
         for t in plan.tasks:
             store.register_task(t.name, list(t.inputs))
         worker_ctl, ctl = be.make_control()

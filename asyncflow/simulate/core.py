@@ -59,12 +59,18 @@ class Device:
         elif self.engine is not None:
             lat = self.engine.latency_of(row)
         elif self.latency is not None:
-            from asyncflow.engines.sim import _rng
+            from asyncflow.engines.sim import row_latency
 
-            lat = max(0.0, self.latency.sample(_rng("latency", self.latency.seed, row)))
+            lat = row_latency(self.latency, row)
         else:
             lat = self.seconds_per_sample
         return lat * self.scale
+
+    @property
+    def costs(self) -> bool:
+        """Whether these hints give the task any device time at all."""
+        return (self.engine is not None or self.latency is not None
+                or bool(self.seconds_per_sample or self.seconds_per_call))
 
     def call(self, n: int) -> float:
         """Seconds of one call on ``n`` rows (a scorer, a trainer, a function)."""
@@ -124,6 +130,11 @@ def _episodes(d: Device, eng, task: TaskPlan) -> None:
     d.slots = int(task.args.get("env_threads") or 2 * eng.slots)
 
 
+def has_costs(plan: Plan) -> bool:
+    """Whether any task of ``plan`` takes device time (else every step would take 0 s)."""
+    return any(device(plan, t).costs for t in plan.tasks)
+
+
 # -- the pieces a worker talks to ---------------------------------------------------------------
 
 class _NoRecorder:
@@ -132,14 +143,6 @@ class _NoRecorder:
     def span(self, *a, **k) -> None:
         pass
 
-    def occupancy(self, *a) -> None:
-        pass
-
-    def compute_begin(self) -> float:
-        return 0.0
-
-    def compute_end(self) -> float:
-        return 0.0
 
 
 class _Versions:
@@ -181,12 +184,6 @@ class SimControl:
 
     def chosen(self, step: int):
         return self._chosen.get(step)
-
-    def sync(self, *a, **k) -> dict:
-        return {}
-
-    def publish(self, *a, **k) -> None:
-        pass
 
 
 # -- workers -------------------------------------------------------------------------------------
@@ -282,7 +279,6 @@ class BatchWorker(_StepReader, SimWorker):
     def __init__(self, sim, wp, options):
         super().__init__(sim, wp, options)
         self.read_op = next((o for o in self.body if o.kind == "READ"), None)
-        self.compute_op = next((o for o in self.body if o.kind == "COMPUTE"), None)
         self.write_op = next((o for o in self.body if o.kind == "WRITE"), None)
         self.computing = False
         self._reads = None  # a step READ in progress: (generator, it)
@@ -506,7 +502,6 @@ class TrainWorker(_StepReader, SimWorker):
         self.size = self.compute_op.rows if self.compute_op and self.compute_op.rows else 0
         self._free_at = 0.0  # the device is busy until then
         self.computing = False
-        self.step_start = 0.0
 
     def poke(self) -> None:
         if self.computing or self._stopped or self.step >= self.st.steps:
@@ -514,7 +509,6 @@ class TrainWorker(_StepReader, SimWorker):
         if self._gen is None:
             self._leases = []
             self._gen = self.step_reads(self.read_op, self.step, self._leases)
-            self.step_start = self.sim.now
         while True:
             try:
                 lease = next(self._gen)
@@ -689,8 +683,6 @@ class Simulation:
         self.done = {t: 0 for t in self.trainers}
         self.ahead = feed_ahead(plan)
         self.fed = 0
-        self.drops: dict[str, int] = {}
-        self.versions: dict[str, int] = {}
         self._soon: list = []
         self._soon_keys: set = set()
         self.result = SimResult(plan.pipeline, st.steps, st.samples_per_step,
@@ -751,7 +743,6 @@ class Simulation:
         self.wake(task)
 
     def dropped(self, rows: list[int], reason: str) -> None:
-        self.drops = self.store.drop_counts()
         for w in self.workers:
             w.windows.note(rows, reason)
             if isinstance(w, ServeWorker):  # cancelled in flight; replaced rows may start
@@ -763,7 +754,6 @@ class Simulation:
             self.wake(t)
 
     def publish(self, model: str, version: int) -> None:
-        self.versions[model] = version
         for w in self.workers:
             if model in w.models_in:
                 w.offer(model, version)
@@ -788,8 +778,7 @@ class Simulation:
     def feed(self) -> None:
         st = self.plan.step
         version = min(self.done.values()) if self.done else st.steps
-        self.drops = self.store.drop_counts()
-        upto = feed_target(st, version, self.ahead, self.drops)
+        upto = feed_target(st, version, self.ahead, self.store.drop_counts())
         if upto <= self.fed:
             return
         spp = st.samples_per_prompt

@@ -8,6 +8,7 @@ to simulate) or a plan has no cost hint; the estimate's first note says which on
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -26,20 +27,18 @@ def simulated(plan: Plan, file: str, sets=(), steps: int = STEPS) -> Estimate | 
     """The estimate of ``plan`` (compiled from ``file`` with ``sets``) by simulation, or None
     when it would cost too much or nothing has a cost."""
     from asyncflow.compiler import compile_file
-    from asyncflow.simulate.core import device, simulate
+    from asyncflow.simulate.core import has_costs, simulate
 
     est = plan.estimate
     n = max(2, min(steps, plan.step.steps))
     if plan.step.samples_per_step * n > MAX_SAMPLES:
         return None
-    if not any(device(plan, t).engine is not None or device(plan, t).latency is not None
-               or device(plan, t).seconds_per_sample or device(plan, t).seconds_per_call
-               for t in plan.tasks):
+    if not has_costs(plan):
         return None
     t0 = time.perf_counter()
     extra = sync_sets(plan)
     try:
-        mine = simulate(compile_file(file, list(sets)), steps=n)
+        mine = simulate(copy.deepcopy(plan), steps=n)  # simulate sets the plan's steps
         sync = simulate(compile_file(file, list(sets) + extra), steps=n) if extra else mine
     except Exception as e:  # the estimate never fails a compile: the closed form stays
         if est is not None:
