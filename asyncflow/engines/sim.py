@@ -64,6 +64,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 from asyncflow.engines.base import Columns, EngineSpec
 from asyncflow.tokens import Text
 
@@ -79,10 +81,71 @@ def _distribution(spec: Any):
     return Distribution.from_spec(spec)
 
 
+_M64 = (1 << 64) - 1
+
+
+class KeyRandom(random.Random):
+    """A ``random.Random`` whose stream depends only on a key: the key's 64-bit BLAKE2b hash
+    seeds a SplitMix64 sequence (stable across processes, platforms and Python versions).
+
+    Seeding costs about 0.5 µs where ``random.Random(str)`` costs 7 µs (SHA-512 plus the
+    Mersenne Twister's 2.5 KB state): the sim engine draws several generators per sample, and
+    at 16,384 samples a step that was the largest cost of a near-free engine
+    (benchmarks/runtime.py). Every distribution method of ``random.Random`` (``gauss``,
+    ``lognormvariate``, ``expovariate``, ``randrange``, ...) works on top of :meth:`random` and
+    :meth:`getrandbits`."""
+
+    def __init__(self, key: str):  # noqa: D107 -- no Mersenne Twister state is seeded
+        self._s = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+        self.gauss_next = None
+
+    def seed(self, *args, **kwargs) -> None:  # random.Random's API; keyed streams only
+        raise TypeError("KeyRandom is seeded by its key only")
+
+    def _next(self) -> int:
+        self._s = z = (self._s + _GOLDEN) & _M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        return z ^ (z >> 31)
+
+    def random(self) -> float:
+        return (self._next() >> 11) * (1.0 / 9007199254740992.0)
+
+    def getrandbits(self, k: int) -> int:
+        out, have = 0, 0
+        while have < k:
+            out |= self._next() << have
+            have += 64
+        return out & ((1 << k) - 1)
+
+
 def _rng(*key) -> random.Random:
-    """A generator that depends only on ``key`` (str seeding is hashed with SHA-512: stable
-    across processes and Python versions)."""
-    return random.Random(":".join(str(k) for k in key))
+    """A generator that depends only on ``key`` (:class:`KeyRandom`)."""
+    return KeyRandom(":".join(str(k) for k in key))
+
+
+def _mix64(z):
+    """SplitMix64's finaliser on a numpy uint64 array (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def uniforms(key: tuple, rows, n: int):
+    """``u[i, j]`` in [0, 1): draw ``j`` of row ``rows[i]`` for ``key``, depending only on (key,
+    row, j) -- a whole batch's per-row draws in a few numpy operations (the sim engine's
+    outputs; per-row :class:`KeyRandom` generators cost microseconds a row)."""
+    base = int.from_bytes(hashlib.blake2b(":".join(map(str, key)).encode(),
+                                          digest_size=8).digest(), "little")
+    with np.errstate(over="ignore"):
+        r = np.asarray(rows, dtype=np.int64).astype(np.uint64)[:, None]
+        row_state = _mix64(np.uint64(base) ^ _mix64(r * np.uint64(_GOLDEN) + np.uint64(1)))
+        j = np.arange(1, n + 1, dtype=np.uint64)[None, :]
+        z = _mix64(row_state + j * np.uint64(_GOLDEN))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
 def row_latency(dist, row: int) -> float:
@@ -160,25 +223,43 @@ class SimEngine:
         return row_latency(self.latency, row)
 
     def _length(self, row: int) -> int:
-        return max(1, int(round(self.response_tokens.sample(_rng("len", self.seed, row)))))
+        return self._lengths([row])[0]
 
-    def _response(self, row: int, prompt: Any) -> Text:
-        n = self._length(row)
-        rng = _rng("tokens", self.seed, row)
-        digits = [rng.randrange(10) for _ in range(n)]
-        return Text("".join(map(str, digits)), [DIGIT0 + d for d in digits], _prompt_ids(prompt))
+    def _lengths(self, rows: list[int]) -> list[int]:
+        d = self.response_tokens
+        if d.dist == "constant":
+            return [max(1, int(round(d.params["value"])))] * len(rows)
+        return [max(1, int(round(d.sample(_rng("len", self.seed, r))))) for r in rows]
 
-    def _per_token(self, row: int, name: str, n: int) -> list[float]:
-        rng = _rng(name, self.seed, row)
+    def _responses(self, rows: list[int], prompts) -> list[Text]:
+        """Each row's response: ``_length(row)`` random digits (draws keyed by the row)."""
+        lengths = self._lengths(rows)
+        if not rows:
+            return []
+        digits = (uniforms(("tokens", self.seed), rows, max(lengths)) * 10).astype(np.int64)
+        out = []
+        for i, (n, p) in enumerate(zip(lengths, prompts)):
+            ds = digits[i, :n].tolist()
+            out.append(Text("".join(map(str, ds)), [DIGIT0 + d for d in ds], _prompt_ids(p)))
+        return out
+
+    def _per_tokens(self, rows: list[int], name: str, lengths: list[int]) -> list[list[float]]:
+        """Per-token floats of each row: log-probs (< 0) or, for a ``*values`` name, values in
+        [-1, 1]; drawn by row, so a row gets the same numbers in any batch."""
+        if not rows:
+            return []
+        u = uniforms((name, self.seed), rows, max(lengths))
         if "value" in name:
-            return [round(rng.uniform(-1.0, 1.0), 6) for _ in range(n)]
-        return [round(-rng.expovariate(2.0) - 1e-3, 6) for _ in range(n)]  # log-probs: < 0
+            x = np.round(u * 2.0 - 1.0, 6)
+        else:  # minus an exponential(2) draw, less 1e-3: always < 0
+            x = np.round(np.log1p(-u) / 2.0 - 1e-3, 6)
+        return [x[i, :n].tolist() for i, n in enumerate(lengths)]
 
     def _outputs(self, batch: Columns, names) -> Columns:
         """Deterministic outputs ``names`` for every row of ``batch``."""
         rows = self._rows(batch)
         prompts = batch.get("prompt", [None] * len(rows))
-        responses = [self._response(r, p) for r, p in zip(rows, prompts)]
+        responses = self._responses(rows, prompts)
         makes_text = any(n == "response" or n.endswith("response") for n in names)
         lengths = [len(t.ids) for t in
                    (responses if makes_text else _token_source(batch, len(rows)) or responses)]
@@ -187,9 +268,9 @@ class SimEngine:
             if name == "response" or name.endswith("response"):
                 cols[name] = responses
             elif name.endswith("logprobs") or name.endswith("values"):
-                cols[name] = [self._per_token(r, name, n) for r, n in zip(rows, lengths)]
+                cols[name] = self._per_tokens(rows, name, lengths)
             else:
-                cols[name] = [round(_rng(name, self.seed, r).random(), 6) for r in rows]
+                cols[name] = np.round(uniforms((name, self.seed), rows, 1)[:, 0], 6).tolist()
         return cols
 
     # -- Rollout -----------------------------------------------------------------------------
@@ -314,8 +395,8 @@ class SimEngine:
         name = (self.spec.outputs or ("logprobs",))[0]
         rows = self._rows(batch)
         source = _token_source(batch, n)
-        lengths = [len(t.ids) for t in source] if source else [self._length(r) for r in rows]
-        return {name: [self._per_token(r, name, k) for r, k in zip(rows, lengths)]}
+        lengths = [len(t.ids) for t in source] if source else self._lengths(rows)
+        return {name: self._per_tokens(rows, name, lengths)}
 
     # -- Trainer -----------------------------------------------------------------------------
     def train_step(self, batch: Columns) -> dict[str, float]:

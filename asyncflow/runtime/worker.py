@@ -201,6 +201,10 @@ class Worker:
         self._held: dict[int, float | None] = {}
         self._held_lock = threading.Lock()
         self._op, self._op_since, self._progress = "START", time.time(), 0
+        # thread CPU seconds of this worker's loop per op kind (workers.json ``cpu_s``,
+        # benchmarks/runtime.py): what the runtime costs, apart from the time it waits
+        self._cpu: dict[str, float] = {}
+        self._op_cpu = time.thread_time()
         self._ident: int | None = None
         self._beat_stop = threading.Event()
         self.lease_s = float(self.opt.get("lease_s", 60.0))
@@ -304,10 +308,9 @@ class Worker:
             self.loops[loop]()
             status = "stopped"
         except Crash:
-            return {"worker": self.id, "status": "crashed", **self._stats, **self._where()}
+            return self._final("crashed")
         except MemoryError as e:  # out of memory: the worker dies (and may be restarted)
-            return {"worker": self.id, "status": "died", "error": f"MemoryError: {e}",
-                    "op": self._op, **self._stats, **self._where()}
+            return self._final("died", error=f"MemoryError: {e}", op=self._op)
         except Stop:
             status = "stopped"
         except TaskError as e:  # the user's function or data: a located AF6xx error
@@ -315,26 +318,34 @@ class Worker:
                 self.control.fail(self.id, e.payload(), traceback.format_exc())
             except Exception:
                 pass
-            return {"worker": self.id, "status": "failed", "error": str(e), **self._stats,
-                    **self._where()}
+            return self._final("failed", error=str(e))
         except Exception as e:  # reported to the driver, which stops the run
             tb = traceback.format_exc()
             try:
                 self.control.fail(self.id, f"{e.__class__.__name__}: {e}", tb)
             except Exception:
                 pass
-            return {"worker": self.id, "status": "failed", "error": str(e), **self._stats,
-                    **self._where()}
+            return self._final("failed", error=str(e))
         try:
             self.rec.occupancy(0.0)
             self._sync(force=True)
         except (Crash, Exception):
             pass
-        return {"worker": self.id, "status": status, **self._stats, **self._where()}
+        return self._final(status)
 
     # ------------------------------------------------------------------ liveness
     def _enter(self, op: str) -> None:
+        cpu = time.thread_time()
+        self._cpu[self._op] = self._cpu.get(self._op, 0.0) + cpu - self._op_cpu
+        self._op_cpu = cpu
         self._op, self._op_since = op, time.time()
+
+    def _final(self, status: str, **more) -> dict:
+        """The worker's result: status, counters, thread CPU seconds per op kind, where it ran."""
+        self._enter(self._op)
+        cpu = {op: round(s, 4) for op, s in sorted(self._cpu.items()) if s > 0}
+        return {"worker": self.id, "status": status, **more, **self._stats, "cpu_s": cpu,
+                **self._where()}
 
     def _hold(self, lease, lease_s) -> None:
         with self._held_lock:
@@ -547,23 +558,32 @@ class Worker:
         flush_s = float(self.opt.get("flush_s", 0.005))
         last_flush = [0.0]
 
+        dirty: dict[int, None] = {}  # leases with rows finished or cancelled since a write
+        ended: list[int] = []  # leases whose rows are all finished or cancelled
+
         def flush_done(force: bool = False) -> None:
             """Write finished samples: a lease's new ones every ``flush_s`` (one ack of those
-            rows; the rest stay leased), and a lease whose rows are all done or cancelled."""
+            rows; the rest stay leased), and a lease whose rows are all done or cancelled.
+            Only the leases that changed are visited (thousands may be in flight)."""
             now = time.time()
             due = force or now - last_flush[0] >= flush_s
             if due:
                 last_flush[0] = now
-            for lid in list(leases):
+                todo = list(dirty)
+                dirty.clear()
+            else:
+                todo = [lid for lid in ended if lid in dirty]
+                for lid in todo:
+                    del dirty[lid]
+            ended.clear()
+            for lid in todo:
                 v = leases[lid]
                 rows = v["rows"]
                 complete = len(v["done"]) + len(v["cancelled"]) == len(rows)
-                new = [r for r in rows if r in v["done"] and r not in v["written"]]
-                if not (complete or (due and new)):
-                    continue
+                new = v["new"]  # finished since this lease's last write, in finishing order
                 if new:
+                    v["new"] = []
                     self._flush_rows(v, new, post)
-                    v["written"].update(new)
                 if complete:
                     del leases[lid]
                     lanes[v["lane"]] = 0
@@ -588,8 +608,12 @@ class Worker:
             for r in self._cancel_q:
                 lid = row_lease.pop(int(r), None)
                 if lid is not None:
-                    leases[lid]["cancelled"].add(int(r))
+                    v = leases[lid]
+                    v["cancelled"].add(int(r))
                     out.append(int(r))
+                    dirty[lid] = None
+                    if len(v["done"]) + len(v["cancelled"]) == len(v["rows"]):
+                        ended.append(lid)
             self._cancel_q = []
             if out:
                 now = time.time()
@@ -628,7 +652,7 @@ class Worker:
                     lanes.append(1)
                 lanes[lane] = 1
                 leases[lease.id] = {"lease": lease, "rows": list(lease.rows), "done": {},
-                                    "cancelled": set(), "written": set(), "start": time.time(),
+                                    "cancelled": set(), "new": [], "start": time.time(),
                                     "version": self._version(), "lane": lane}
                 for r in lease.rows:
                     row_lease[r] = lease.id
@@ -650,10 +674,14 @@ class Worker:
                 return
             row = self._nan(r // self.st.samples_per_step, row)
             self._progress += 1
-            leases[lid]["done"][r] = row
+            v = leases[lid]
+            v["done"][r] = row
+            v["new"].append(r)
+            dirty[lid] = None
             self._in_flight -= 1
             self.rec.occupancy(min(1.0, self._in_flight / slots))
-            if len(leases[lid]["done"]) + len(leases[lid]["cancelled"]) == len(leases[lid]["rows"]):
+            if len(v["done"]) + len(v["cancelled"]) == len(v["rows"]):
+                ended.append(lid)
                 flush_done()
 
         try:

@@ -16,7 +16,8 @@ WRITE lowering). Two separate functions build it:
      reads of ``read_rows`` (its micro-batch, a whole number of groups) repeated until the step's
      rows are leased, in step order (``step`` when rule 1 makes it a barrier); ``step`` -- one
      whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
-     per lease; a train READ holds its lease for the whole step (``lease_s``);
+     per lease (its whole batch: one store call fills every free slot); a train READ holds
+     its lease for the whole step (``lease_s``);
   2. COMPUTE and WRITE follow the READ (outputs stream as soon as they exist), except a train
      COMPUTE: one ``train_step`` per step on the whole step in row order -- or, for a streaming
      trainer (``stream``), one COMPUTE per micro-batch (``rows`` = micro_batch, ``repeat`` =
@@ -55,7 +56,7 @@ from asyncflow.plan import (Bundle, ChannelPlan, ModelPlan, Op, Plan, PoolPlan, 
                             StepPlan, SyncPlan, TaskPlan, WorkerPlan)
 
 
-SERVE_CHUNK = 16  # rows one pull of a continuous-batching rollout leases (at least a group)
+SERVE_CHUNK = 16  # the fewest rows one pull of a continuous-batching rollout may lease
 TRAIN_LEASE_S = 3600.0  # a trainer holds its leases until the whole step is trained
 
 
@@ -121,7 +122,10 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
     if gran == "group" and spp > 1:
         out.update(rows=max(spp, batch // spp * spp), unit=spp, min_rows=spp)
     if k.loop == "serve":
-        out["chunk"] = max(SERVE_CHUNK, spp)
+        # one store call leases every row the free slots take (whole groups for a group
+        # read): a chunk per lease would cost a round trip per 16 rows (1,024 a step at
+        # 16,384 slots; benchmarks/runtime.py), and finished rows are written by row anyway
+        out["chunk"] = max(SERVE_CHUNK, spp, out["rows"])
     return out
 
 

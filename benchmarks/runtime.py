@@ -1,0 +1,132 @@
+"""The runtime's own cost: samples/s with near-free engines, and µs per sample per task and op.
+
+``pipelines/sim_longtail.yaml`` with 16,384 samples a step (4,096 prompts x 4) and engines that
+cost almost nothing: a rollout sample takes 10 ms of modelled time in one of 16,384 slots, the
+trainer 50 µs a sample (micro-batches of 1,024). The engines' ceiling is the trainer's, 20,000
+samples/s; everything below it is the runtime (store, workers, driver, control) and the sim
+engine's own Python (drawing each row's latency and outputs). Each configuration runs through the
+CLI in a subprocess, one after the other in this one invocation:
+
+- samples/s in the steady state (the median step of steps 2..N, and the mean), and its share of
+  the 20,000 ceiling;
+- per task and op kind, **CPU µs per sample**: the worker loop thread's CPU time in each op
+  (``workers.json`` ``cpu_s``, ``time.thread_time`` between op changes) over the run's samples --
+  the runtime's bookkeeping, apart from the time it waits;
+- per task and op kind, **wall µs per sample** from ``trace.json`` (waits included: a READ that
+  blocks on an empty store counts here, not above).
+
+    .venv/bin/python benchmarks/runtime.py                      # local r1, ray r1, ray r4
+    .venv/bin/python benchmarks/runtime.py --only local-1 --steps 8 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = os.path.join(ROOT, "pipelines", "sim_longtail.yaml")
+CONFIGS = {"local-1": ("local", 1), "local-4": ("local", 4), "ray-1": ("ray", 1),
+           "ray-4": ("ray", 4)}
+
+
+def overrides(prompts: int, replicas: int, steps: int, train_us: float, micro: int) -> list[str]:
+    sets = {
+        "step.prompts_per_step": prompts, "step.steps": steps,
+        "tasks.generate.replicas": replicas, "pools.rollout.devices": replicas,
+        "tasks.generate.args.slots": max(64, prompts * 4 // replicas),
+        "tasks.generate.args.latency": 0.01,
+        "tasks.update.args.seconds_per_sample": train_us / 1e6,
+        "tasks.update.args.micro_batch": micro,
+    }
+    out = []
+    for k, v in sets.items():
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+def run_one(name: str, backend: str, replicas: int, args) -> dict:
+    out = tempfile.mkdtemp(prefix=f"af-runtime-{name}-")
+    exe = os.path.join(os.path.dirname(sys.executable), "asyncflow")
+    cmd = [exe, "run", PIPELINE, "--backend", backend, "--quiet", "--force", "--out", out,
+           *overrides(args.prompts, replicas, args.steps, args.train_us, args.micro_batch)]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{name}: asyncflow run failed ({p.returncode}):\n{p.stdout[-3000:]}"
+                         f"\n{p.stderr[-3000:]}")
+    metrics = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    steady = [m for m in metrics if m["step"] >= 2]  # step 1 (index 1) and 0 warm up
+    times = [m["step_time"] for m in steady] or [m["step_time"] for m in metrics]
+    spp = metrics[0]["samples"]
+    samples = sum(m["samples"] for m in metrics)
+    workers = json.load(open(os.path.join(out, "workers.json")))
+    cpu: dict = collections.defaultdict(float)
+    for w in workers.values():
+        for op, s in (w.get("cpu_s") or {}).items():
+            cpu[(w["task"], op)] += s
+    trace = json.load(open(os.path.join(out, "trace.json")))["traceEvents"]
+    wall_op: dict = collections.defaultdict(float)
+    for e in trace:
+        if e.get("ph") == "X":
+            wall_op[(e["cat"], e["name"])] += e["dur"] / 1e6
+    return {
+        "name": name, "backend": backend, "replicas": replicas, "samples_per_step": spp,
+        "samples_per_s_median": spp / statistics.median(times),
+        "samples_per_s_mean": spp * len(times) / sum(times),
+        "process_wall_s": wall, "samples": samples,
+        "cpu_us": {f"{t}.{op}": s / samples * 1e6 for (t, op), s in sorted(cpu.items())},
+        "wall_us": {f"{t}.{op}": s / samples * 1e6 for (t, op), s in sorted(wall_op.items())},
+        "out": out,
+    }
+
+
+def table(results: list[dict], key: str, title: str) -> None:
+    rows = sorted({k for r in results for k in r[key]})
+    names = [r["name"] for r in results]
+    print(f"\n{title}")
+    print(f"{'task.op':<22}" + "".join(f"{n:>12}" for n in names))
+    for k in rows:
+        vals = [r[key].get(k) for r in results]
+        if all(v is None or v < 0.05 for v in vals):
+            continue
+        print(f"{k:<22}" + "".join(f"{v:>12.1f}" if v is not None else f"{'-':>12}" for v in vals))
+    tot = [sum(r[key].values()) for r in results]
+    print(f"{'total':<22}" + "".join(f"{v:>12.1f}" for v in tot))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="local-1,ray-1,ray-4",
+                    help=f"comma-separated, of {', '.join(CONFIGS)}")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=4096, help="prompts a step (x4 samples)")
+    ap.add_argument("--train-us", type=float, default=50.0, help="trainer µs per sample")
+    ap.add_argument("--micro-batch", type=int, default=1024)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    ceiling = 1e6 / args.train_us
+    results = []
+    for name in args.only.split(","):
+        backend, replicas = CONFIGS[name]
+        r = run_one(name, backend, replicas, args)
+        results.append(r)
+        print(f"{name:<8} {r['samples_per_s_median']:>9.0f} samples/s (median step; mean "
+              f"{r['samples_per_s_mean']:.0f}), {r['samples_per_s_median'] / ceiling:.0%} of the "
+              f"{ceiling:.0f} ceiling; process {r['process_wall_s']:.1f} s", flush=True)
+    table(results, "cpu_us", "CPU µs per sample (worker loop threads, per task.op)")
+    table(results, "wall_us", "wall µs per sample (trace spans, waits included)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
