@@ -129,6 +129,9 @@ def register(app: typer.Typer) -> None:
                         lease_s=lease_s, on_step=on_step, checkpoint_every=checkpoint_every,
                         resume=resume is not None, shards=store_shards,
                         max_restarts=max_restarts, stall_timeout=stall_timeout, inject=faults)
+        import asyncflow
+
+        driver.process_start = asyncflow.STARTED
         interrupted = False
 
         def on_term(signum, frame):  # `kill`, `timeout`, a scheduler: stop as cleanly as Ctrl-C
@@ -188,6 +191,11 @@ def _summary(out, result, run_dir: str, Table) -> None:
         ("leases re-issued", str(result.stats.get("leases_reissued", 0))),
         ("workers restarted", str(sum(1 for e in result.events if e["event"] in ("restart", "trainer_restart")))),
     ]
+    if result.startup:  # until every worker is ready (RunResult.startup; phases below)
+        rows.insert(3, ("start-up (s)", f"{sum(result.startup.values()):.2f}"))
     for k, v in rows:
         t.add_row(k, v)
     out.print(t)
+    if result.startup:
+        out.print("start-up (s): " + " · ".join(f"{k} {v:.2f}" for k, v in result.startup.items()),
+                  markup=False)

@@ -183,6 +183,8 @@ class RunResult:
     spans: int = 0
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> rows
     events: list[dict] = field(default_factory=list)  # kills, deaths, restarts (Driver.events)
+    # seconds per start-up phase, in order (Driver.startup): until every worker is ready
+    startup: dict[str, float] = field(default_factory=dict)
 
     @property
     def samples_per_s(self) -> float:
@@ -241,6 +243,8 @@ class Driver:
         self.poll_s = DRIVER_POLL_S.get(backend, 0.01) if poll_s is None else poll_s
         self.backend = None
         self.started = False
+        self.startup: dict[str, float] = {}  # start-up phase -> seconds (RunResult.startup)
+        self.process_start: float | None = None  # set by the CLI: asyncflow.STARTED
         self._kill_requests: list[str] = []
         # checkpoints (asyncflow.runtime.checkpoint): every K train steps into out_dir; resume
         # continues out_dir from its newest complete checkpoint
@@ -307,7 +311,9 @@ class Driver:
             os.makedirs(self.out_dir, exist_ok=True)
             with open(os.path.join(self.out_dir, "plan.json"), "w") as f:
                 f.write(plan.to_json())
+        phase = self._phases()
         self.backend = be = make_backend(self.backend_name, **self.backend_kw)
+        phase("backend")  # Ray up (ray.init), or nothing for local threads
         store = be.make_store(plan)
         self.store = store
         if start:  # rows before the trainer's next window were trained before the checkpoint
@@ -316,6 +322,7 @@ class Driver:
             store.register_task(t.name, list(t.inputs))
         worker_ctl, ctl = be.make_control()
         self.control = ctl
+        phase("store and control")
         trainers = [t.name for t in plan.tasks if t.kind == "train"]
         primary = self._primary(trainers)
         ahead = self._ahead()
@@ -348,7 +355,9 @@ class Driver:
             be.start(plan.to_dict(), [w.id for w in order], store, worker_ctl, t0,
                      self._start_options())
             self.started = True
+            phase("workers placed")  # placement groups, one actor or thread per worker
             self._wait_ready(ctl, be)
+            phase("workers ready")  # every engine built (models, imports) and synced once
             if self.events and self.events[-1]["event"] == "trainer_restart":
                 self.events.append({"t": time.time(), "event": "resumed",
                                     "worker": self.events[-1]["worker"], "from_step": start})
@@ -452,8 +461,10 @@ class Driver:
             metrics.close()
             train_rows.close()
             result.events = list(self.events)
+            result.startup = dict(self.startup)
             if self.out_dir:
-                write_trace(os.path.join(self.out_dir, "trace.json"), spans, t0, pools)
+                write_trace(os.path.join(self.out_dir, "trace.json"), spans, t0, pools,
+                            {"startup_s": result.startup} if result.startup else None)
                 if workers:  # where every worker ran, and how it ended
                     self._write_workers(be, workers)
             self.result = result
@@ -658,6 +669,23 @@ class Driver:
         with open(tmp, "w") as f:
             json.dump(workers, f, indent=1, sort_keys=True, default=str)
         os.replace(tmp, path)
+
+    def _phases(self):
+        """A recorder of start-up phases into ``self.startup``: ``phase(name)`` charges the time
+        since the previous phase to ``name``; with ``process_start`` (the CLI's: when asyncflow
+        was first imported) the time before the driver -- imports, compile, the data -- comes
+        first. A trainer restart in the same run does not record them again."""
+        first = not self.startup
+        last = [time.time()]
+        if first and self.process_start is not None:
+            self.startup["imports and compile"] = round(last[0] - self.process_start, 3)
+
+        def phase(name: str) -> None:
+            now = time.time()
+            if first:
+                self.startup[name] = round(now - last[0], 3)
+            last[0] = now
+        return phase
 
     def _wait_ready(self, ctl, be) -> None:
         """Until every worker has built its engine and synced once (start-up is not a step)."""

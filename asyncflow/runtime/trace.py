@@ -11,7 +11,8 @@ and ``chrome://tracing`` open::
         {"name": "process_name", "ph": "M", "pid": "rollout", "args": {"name": "rollout"}},
         {"name": "thread_name", "ph": "M", "pid": "rollout", "tid": "generate/0",
          "args": {"name": "generate/0"}}, ...],
-     "displayTimeUnit": "ms"}
+     "displayTimeUnit": "ms",
+     "otherData": {"startup_s": {"imports and compile": 0.9, "backend": 2.8, ...}}}
 
 ``ts``/``dur`` are microseconds since the run started; ``pid`` is the worker's pool (``"cpu"``
 for pool-less tasks), ``tid`` its worker id. ``metrics.jsonl`` holds one JSON object per train
@@ -113,9 +114,11 @@ class Recorder:
             return out
 
 
-def chrome_trace(spans: list[Span], t0: float, workers: dict[str, str] | None = None) -> dict:
+def chrome_trace(spans: list[Span], t0: float, workers: dict[str, str] | None = None,
+                 other: dict | None = None) -> dict:
     """The Chrome-trace document of ``spans`` (``workers``: worker id -> pool, for metadata of
-    workers that recorded nothing)."""
+    workers that recorded nothing; ``other``: the format's ``otherData``, e.g. the run's
+    ``startup_s`` phases)."""
     events = [s.chrome(t0) for s in sorted(spans, key=lambda s: (s.start, s.worker))]
     threads = dict(workers or {})
     for s in spans:
@@ -125,13 +128,17 @@ def chrome_trace(spans: list[Span], t0: float, workers: dict[str, str] | None = 
         meta.append({"name": "process_name", "ph": "M", "pid": pool, "args": {"name": pool}})
     for w, pool in sorted(threads.items()):
         meta.append({"name": "thread_name", "ph": "M", "pid": pool, "tid": w, "args": {"name": w}})
-    return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+    doc = {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+    if other:
+        doc["otherData"] = other
+    return doc
 
 
-def write_trace(path: str, spans: list[Span], t0: float, workers: dict[str, str] | None = None) -> None:
+def write_trace(path: str, spans: list[Span], t0: float, workers: dict[str, str] | None = None,
+                other: dict | None = None) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(chrome_trace(spans, t0, workers), f)
+        json.dump(chrome_trace(spans, t0, workers, other), f)
     os.replace(tmp, path)
 
 
@@ -153,14 +160,45 @@ def _clean(x):
 
 class MetricsLog:
     """RUN_DIR/metrics.jsonl: appended and flushed one line per step; also TensorBoard event
-    files in RUN_DIR/tensorboard/ when ``tensorboard`` (and torch) are installed."""
+    files in RUN_DIR/tensorboard/ when ``tensorboard`` (and torch) are installed.
+
+    The TensorBoard writer is made in a thread of its own, started by the first row (after
+    the run's start-up): importing it imports torch (about 2 s of CPU here), which used to sit
+    on the start-up before any worker started. Rows that come before it is ready are written
+    to it once it is (at the latest on :meth:`close`)."""
 
     def __init__(self, path: str | None, tensorboard: bool = True):
         self.path = path
         self.rows: list[dict] = []
         self._f = open(path, "w") if path else None
-        self._tb = _tensorboard_writer(os.path.join(os.path.dirname(path), "tensorboard")) \
+        self._tb = None
+        self._tb_rows: list[dict] = []  # rows not yet given to the writer
+        self._tb_lock = threading.Lock()
+        self._tb_thread = None
+        self._tb_dir = os.path.join(os.path.dirname(path), "tensorboard") \
             if path and tensorboard else None
+
+    def _make_tb(self, directory: str) -> None:
+        writer = _tensorboard_writer(directory)
+        with self._tb_lock:
+            self._tb = writer
+            if writer is None:
+                self._tb_rows = []
+                return
+        self._write_tb()
+
+    def _write_tb(self) -> None:
+        with self._tb_lock:
+            if self._tb is None:
+                if self._tb_thread is not None and not self._tb_thread.is_alive():
+                    self._tb_rows = []  # no writer could be made (tensorboard not installed)
+                return
+            rows, self._tb_rows = self._tb_rows, []
+            for row in rows:
+                for key, value in _scalars(row):
+                    self._tb.add_scalar(key, value, row["step"])
+            if rows:
+                self._tb.flush()
 
     def append(self, row: dict) -> None:
         row = _clean(row)
@@ -168,18 +206,27 @@ class MetricsLog:
         if self._f:
             self._f.write(json.dumps(row) + "\n")
             self._f.flush()
-        if self._tb is not None and isinstance(row.get("step"), int):
-            for key, value in _scalars(row):
-                self._tb.add_scalar(key, value, row["step"])
-            self._tb.flush()
+        if self._tb_dir and isinstance(row.get("step"), int):
+            with self._tb_lock:
+                self._tb_rows.append(row)
+            if self._tb_thread is None:
+                self._tb_thread = threading.Thread(target=self._make_tb, args=(self._tb_dir,),
+                                                   name="asyncflow-tensorboard", daemon=True)
+                self._tb_thread.start()
+            self._write_tb()
 
     def close(self) -> None:
         if self._f:
             self._f.close()
             self._f = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        if self._tb_thread is not None:
+            self._tb_thread.join()
+            self._tb_thread = None
+            self._write_tb()
+            with self._tb_lock:
+                if self._tb is not None:
+                    self._tb.close()
+                    self._tb = None
 
 
 def _tensorboard_writer(directory: str):
