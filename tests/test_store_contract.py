@@ -123,7 +123,7 @@ PROTOCOL_METHODS = sorted(n for n, v in vars(Store).items() if inspect.isfunctio
 def test_protocol_lists_the_store_methods():
     # a method added to the protocol needs its contract here too
     assert PROTOCOL_METHODS == sorted([
-        "register_task", "add_rows", "write", "start_rows_at", "get", "ack", "ack_rows", "release",
+        "register_task", "add_rows", "write", "start_rows_at", "get", "get_split", "ack", "ack_rows", "release",
         "release_rows", "renew", "renew_many", "revoke", "expire", "drop", "consumed", "pending",
         "stats", "gc", "snapshot"])  # fmt: skip
 
@@ -193,6 +193,57 @@ def test_get_returns_the_lowest_eligible_rows_in_row_order(store):
     assert c.rows == rows[:5] + rows[15:17]
     assert c.columns["response"] == [f"r{i}" for i in [0, 1, 2, 3, 4, 15, 16]]
     assert set(c.rows).isdisjoint(b.rows)  # rule 3: exclusive per task
+
+
+def _split_contract(store):
+    """get_split: one call, several leases of ``split`` rows, in row order (the trainer's
+    micro-batches; module docstring of asyncflow.runtime.store)."""
+    rows = add(store, 10, 4)  # 40 rows, every one ready for "reward"
+    got = store.get_split("reward", 40, 16)
+    assert [x.rows for x in got] == [rows[:16], rows[16:32], rows[32:]]  # all ready: all n
+    assert len({x.id for x in got}) == 3
+    for x in got:
+        assert x.columns["_row"] == x.rows
+        assert x.columns["response"] == [f"r{rows.index(r)}" for r in x.rows]
+    assert store.get("reward", 1) is None  # rule 3: exclusive per task
+    assert all(store.release(x) for x in got)
+    two = store.get_split("reward", 64, 16, min_rows=16)  # 40 of 64 ready: whole splits only
+    assert [x.rows for x in two] == [rows[:16], rows[16:32]]
+    assert store.get_split("reward", 64, 16, min_rows=16) == []  # 8 left: fewer than 16
+    end = store.get_split("reward", 8, 16, min_rows=8)  # a window's end: the 8 there are
+    assert [x.rows for x in end] == [rows[32:]]
+    assert store.ack(two[1]) and store.ack(end[0])  # each lease ends on its own
+    assert store.release(two[0])
+    capped = store.get_split("reward", 16, 8, max_row=rows[12])  # 12 eligible of 16: one split
+    assert [x.rows for x in capped] == [rows[:8]]
+
+
+def test_get_split_leases_micro_batches_in_one_call(store):
+    _split_contract(store)
+
+
+@pytest.mark.ray
+@NO_RAY
+def test_get_split_on_one_ray_shard_is_one_actor_call(ray_shards):
+    handles = ray_shards[:1]
+    ray.get(handles[0].restore.remote(SampleStore(lease_s=LEASE_S).snapshot()))
+    s = RayStore(shards=1, lease_s=LEASE_S, chunk=CHUNK, _handles=handles)
+    s.register_task("reward", ["response"])
+    s.register_task("train", ["response", "reward"])
+    calls = []
+    real = s._shards[0].get_split
+
+    class Spy:
+        def remote(self, *a, **k):
+            calls.append(a[:3])
+            return real.remote(*a, **k)
+
+    s._shards[0] = type("H", (), {"__getattr__": lambda _, n: getattr(handles[0], n),
+                                  "get_split": Spy()})()
+    start = -(-ray.get(handles[0].next_row.remote()) // CHUNK) * CHUNK
+    s.start_rows_at(start)
+    _split_contract(s)
+    assert len(calls) == 5  # one actor call per get_split
 
 
 def test_inputs_not_ready_are_not_eligible_until_written(store):

@@ -257,8 +257,13 @@ class _Shard:
     def get(self, task, n, kw):
         """A lease of this shard: (id, rows, bookkeeping columns, locators per field, chunks)."""
         lease = self.store.get(task, n, **kw)
-        if lease is None:
-            return None
+        return None if lease is None else self._part(lease)
+
+    def get_split(self, task, n, split, kw):
+        """:meth:`SampleStore.get_split` on this shard: a list of :meth:`get`'s parts."""
+        return [self._part(lease) for lease in self.store.get_split(task, n, split, **kw)]
+
+    def _part(self, lease):
         book, locs, cids = {}, {}, set()
         for f, col in lease.columns.items():
             if f in ("_row", "_group", "_version"):
@@ -509,6 +514,41 @@ class RayStore:
         finally:
             for s, (pid, _) in polls.items():
                 self._shards[s].cancel_poll.remote(pid)
+
+    def get_split(
+        self,
+        task: str,
+        n: int,
+        split: int,
+        *,
+        min_rows: int = 1,
+        max_row: int | None = None,
+        timeout: float = 0.0,
+        filter_fn=None,
+        min_version: int | None = None,
+        fields: list[str] | None = None,
+        lease_s: float | None = None,
+        owner: str | None = None,
+    ) -> list[Lease]:
+        """As :meth:`SampleStore.get_split`: one actor call with one shard; with several, the
+        shards' ordering rule holds only read by read, so the leases are taken one
+        :meth:`get` of ``split`` rows at a time (the first waits ``timeout``)."""
+        kw = {"max_row": max_row, "min_version": min_version, "filter_fn": filter_fn,
+              "fields": fields, "lease_s": lease_s, "owner": owner}
+        if len(self._shards) == 1:
+            parts = _get(self._shards[0].get_split.remote(
+                task, n, split, {**kw, "min_rows": min_rows, "timeout": timeout}), timeout)
+            return [self._assemble(task, {0: p}, lease_s) for p in parts]
+        out: list[Lease] = []
+        while sum(len(x.rows) for x in out) < n:
+            left = n - sum(len(x.rows) for x in out)
+            want = min(split, left)
+            lease = self.get(task, want, min_rows=want if out else min(min_rows, want),
+                             timeout=0.0 if out else timeout, **kw)
+            if lease is None:
+                break
+            out.append(lease)
+        return out
 
     def _keep_lowest(self, parts: dict[int, tuple], units: int, whole_groups: bool) -> dict[int, tuple]:
         """The lowest ``units`` rows (groups) over the shards' leases; the rest is given back."""

@@ -469,6 +469,47 @@ class SampleStore:
                     left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
                 self._cv.wait(left)
 
+    def get_split(
+        self,
+        task: str,
+        n: int,
+        split: int,
+        *,
+        min_rows: int = 1,
+        max_row: int | None = None,
+        timeout: float = 0.0,
+        filter_fn: Callable[[dict], Any] | None = None,
+        min_version: int | None = None,
+        fields: list[str] | None = None,
+        lease_s: float | None = None,
+        owner: str | None = None,
+    ) -> list[Lease]:
+        """Several reads of :meth:`get` in one call: up to ``n`` eligible rows, lowest first,
+        as consecutive leases of ``split`` rows (a trainer's micro-batches: one store round
+        trip instead of one per micro-batch). All ``n`` when they are ready (the last lease
+        may be shorter), else as many whole leases of ``split`` rows as are ready; waits up to
+        ``timeout`` s for at least ``min_rows`` (at most ``split``) of them; ``[]`` if not."""
+        split = max(1, int(split))
+        need = max(1, min(int(min_rows), split))
+        deadline = self._clock() + timeout
+        with self._cv:
+            t = self._task(task)
+            while True:
+                now = self._clock()
+                self._expire_locked(now)
+                pos = self._select(t, n, False, 1, max_row, filter_fn, min_version)
+                if len(pos) < n:
+                    pos = pos[:len(pos) // split * split]
+                if len(pos) >= need:
+                    return [self._lease_locked(t, pos[i:i + split], fields, now, lease_s, owner)
+                            for i in range(0, len(pos), split)]
+                left = deadline - now
+                if left <= 0:
+                    return []
+                if self._heap:
+                    left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
+                self._cv.wait(left)
+
     def _lease_locked(self, t: _Task, pos: np.ndarray, fields, now: float, lease_s,
                       owner: str | None = None) -> Lease:
         lid = self._next_lease

@@ -34,6 +34,11 @@ class Store(Protocol):
             fields: list[str] | None = None, lease_s: float | None = None,
             owner: str | None = None) -> Lease | None: ...
 
+    def get_split(self, task: str, n: int, split: int, *, min_rows: int = 1,
+                  max_row: int | None = None, timeout: float = 0.0, filter_fn=None,
+                  min_version: int | None = None, fields: list[str] | None = None,
+                  lease_s: float | None = None, owner: str | None = None) -> list[Lease]: ...
+
     def ack(self, lease_id: int | Lease, columns: dict[str, list] | None = None) -> bool: ...
 
     def ack_rows(self, lease_id: int | Lease, rows: list[int],

@@ -775,29 +775,42 @@ class Worker:
         it["rows"] = list(it["cols"]["_row"])
         return True
 
-    def _lease_step(self, want: int, *, step: int, min_rows: int, **kw):
-        """One store read of a step READ (None when not that many rows are ready yet); a
-        trainer drops rows beyond its staleness bound (gate rule 4: counted, and replaced when
+    def _lease_step(self, want: int, *, step: int, min_rows: int, split: int | None = None,
+                    **kw) -> list:
+        """One store read of a step READ: its leases, ``[]`` when not ``min_rows`` rows are
+        ready yet. With ``split`` < ``want``, up to ``want`` rows as leases of ``split`` rows
+        (the READ's micro-batches) in one store call (:meth:`SampleStore.get_split`). A trainer
+        drops rows beyond its staleness bound (gate rule 4: counted, and replaced when
         ``staleness`` is a replaced reason) and reads again."""
-        lease = self.store.get(self.task.name, want, min_rows=min_rows,
-                               timeout=float(self.opt.get("train_read_timeout_s", 0.05)),
-                               fields=self.fields, owner=self.id, **kw)
-        if lease is None:
+        timeout = float(self.opt.get("train_read_timeout_s", 0.05))
+        if split and split < want and not kw.get("whole_groups"):
+            kw = {k: v for k, v in kw.items() if k not in ("whole_groups", "group_size")}
+            leases = self.store.get_split(self.task.name, want, split, min_rows=min_rows,
+                                          timeout=timeout, fields=self.fields, owner=self.id,
+                                          **kw)
+        else:
+            lease = self.store.get(self.task.name, want, min_rows=min_rows, timeout=timeout,
+                                   fields=self.fields, owner=self.id, **kw)
+            leases = [] if lease is None else [lease]
+        if not leases:
             self._sync(force=True)  # learn of removals: the window may have moved
-            return None
-        self._hold(lease, kw.get("lease_s"))
+            return []
+        for lease in leases:
+            self._hold(lease, kw.get("lease_s"))
         self._check()
         if self.loop == "train" and not self.follows:
-            versions = lease.columns.get("_version") or [None] * len(lease.rows)
-            bad = [r for r, v in zip(lease.rows, versions) if not self.accept.accepts(step, v)]
+            bad = [r for lease in leases for r, v in
+                   zip(lease.rows, lease.columns.get("_version") or [None] * len(lease.rows))
+                   if not self.accept.accepts(step, v)]
             if bad:
                 now = time.time()
                 self.rec.span("DROP", len(bad), now, now, step=step)
                 self._remove(bad, "staleness")
-                self._release(lease.id)
-                return None
-        self._stats["leases"] += 1
-        return lease
+                for lease in leases:
+                    self._release(lease.id)
+                return []
+        self._stats["leases"] += len(leases)
+        return leases
 
     def _remove(self, rows: list[int], reason: str) -> None:
         """Drop ``rows`` from the store -- whole groups: a group missing a row can be neither
@@ -852,12 +865,14 @@ class Worker:
             while need:
                 if self._sync():
                     raise Stop()
-                lease = self._lease_step(min(op.rows, len(need)), step=step, min_rows=1,
-                                         max_row=max(need) + 1, filter_fn=_InSet(need),
-                                         lease_s=lease_s)
-                if lease is not None:
+                got_ = self._lease_step(min(op.rows, len(need)), step=step, min_rows=1,
+                                        max_row=max(need) + 1, filter_fn=_InSet(need),
+                                        lease_s=lease_s)
+                for lease in got_:
                     need.difference_update(lease.rows)
-                yield got(lease) if lease is not None else None
+                    yield got(lease)
+                if not got_:
+                    yield None
                 t = time.time()
             return
         taken: list[int] = []
@@ -867,11 +882,13 @@ class Worker:
                 if self._sync():
                     raise Stop()
                 want = max(spp, min(op.rows, goal - len(taken)) // spp * spp)
-                lease = self._lease_step(want, step=step, min_rows=spp, whole_groups=True,
-                                         group_size=spp, lease_s=lease_s)
-                if lease is not None:
+                got_ = self._lease_step(want, step=step, min_rows=spp, whole_groups=True,
+                                        group_size=spp, lease_s=lease_s)
+                for lease in got_:
                     taken.extend(lease.rows)
-                yield got(lease) if lease is not None else None
+                    yield got(lease)
+                if not got_:
+                    yield None
                 t = time.time()
         else:
             redundant = self.loop == "train" and self.launch > pps
@@ -888,21 +905,24 @@ class Worker:
                     need = min(pps - len(have) // spp, len(left))
                     if need <= 0:
                         break
-                    want, least = max(spp, min(op.rows, need * spp) // spp * spp), spp
+                    want, least, split = max(spp, min(op.rows, need * spp) // spp * spp), spp, None
                 else:
                     left = len(live) - len(have.intersection(live))
                     if not left:
                         break
-                    want = least = min(op.rows, left)
+                    # the rest of the window in one store call, as micro-batches of op.rows
+                    want, least, split = left, min(op.rows, left), op.rows
                 if self._sync():
                     raise Stop()
-                lease = self._lease_step(
+                got_ = self._lease_step(
                     want, step=step, min_rows=least, max_row=hi, whole_groups=redundant,
-                    group_size=spp, lease_s=lease_s,
+                    group_size=spp, lease_s=lease_s, split=split,
                     filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None)
-                if lease is not None:
+                for lease in got_:
                     have.update(lease.rows)
-                yield got(lease) if lease is not None else None
+                    yield got(lease)
+                if not got_:
+                    yield None
                 t = time.time()
             taken = sorted(have)
             if redundant:  # the rest of the window is not needed: cancel it

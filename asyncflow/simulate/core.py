@@ -265,11 +265,11 @@ class _StepReader:
     """A step READ's failed reads set the worker's ``need`` (mixed into batch and train
     workers: :meth:`Worker._lease_step` is the one place a step read leases)."""
 
-    def _lease_step(self, want: int, *, step: int, min_rows: int, **kw):
-        lease = super()._lease_step(want, step=step, min_rows=min_rows, **kw)
-        if lease is None:
+    def _lease_step(self, want: int, *, step: int, min_rows: int, **kw) -> list:
+        leases = super()._lease_step(want, step=step, min_rows=min_rows, **kw)
+        if not leases:
             self._missed(min_rows)
-        return lease
+        return leases
 
 
 class BatchWorker(_StepReader, SimWorker):
