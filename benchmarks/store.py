@@ -14,6 +14,10 @@ samples the producer puts them and the consumer takes them (streaming, interleav
   (it is slow) and extrapolated at the measured rate to the larger sizes (marked ``*``).
 
     .venv/bin/python benchmarks/store.py [--sizes 1000 10000 100000] [--chunk 1000] [--shards 2]
+
+It also prints the store's share of one runtime step of ``--step-samples`` (16,384) samples:
+the store calls of that step (:func:`run_step`) timed alone, over the step time at the runtime
+benchmark's 20,000 samples/s ceiling.
 """
 from __future__ import annotations
 
@@ -63,6 +67,46 @@ def run_store(store, data, chunk: int) -> float:
     return n / dt
 
 
+def run_step(store, sps: int = 16384, spp: int = 4, flush: int = 1024, seed: int = 0) -> float:
+    """Seconds the store takes for one step of ``sps`` samples, with the calls a run of the
+    runtime benchmark makes (benchmarks/runtime.py: ``sim_longtail`` at 16,384 samples a step):
+    the driver adds the prompts; the rollout leases the step in one read and writes its
+    samples ``flush`` at a time (``ack_rows``: a response of 8 token ids and its log-probs);
+    the reward and advantage tasks read and write ``flush`` rows a call (whole groups for the
+    advantage); the trainer leases its micro-batches of ``flush`` in one ``get_split`` and
+    acks them. Everything else a worker does is left out: this is the store's own share."""
+    rng = random.Random(seed)
+    for task, inputs in (("generate", ["prompt"]), ("score", ["prompt", "answer", "response"]),
+                         ("advantage", ["reward"]),
+                         ("update", ["prompt", "response", "logprobs", "advantages"])):
+        store.register_task(task, inputs)
+    prompts = [[rng.randrange(32) for _ in range(12)] for _ in range(sps // spp)]
+    t0 = time.perf_counter()
+    rows = store.add_rows({"prompt": [p for p in prompts for _ in range(spp)],
+                           "answer": [str(i) for i in range(sps // spp) for _ in range(spp)]},
+                          [g for g in range(sps // spp) for _ in range(spp)])
+    lease = store.get("generate", sps)
+    assert len(lease.rows) == sps
+    for i in range(0, sps, flush):
+        part = lease.rows[i:i + flush]
+        store.ack_rows(lease.id, part, {"response": [[4 + (r % 10)] * 8 for r in part],
+                                        "logprobs": [[-0.5] * 8 for _ in part]})
+    for task, out, kw in (("score", "reward", {}),
+                          ("advantage", "advantages", {"whole_groups": True, "group_size": spp})):
+        done = 0
+        while done < sps:
+            lz = store.get(task, flush, **kw)
+            store.ack(lz, {out: [0.5] * len(lz.rows)})
+            done += len(lz.rows)
+    leases = store.get_split("update", sps, flush)
+    assert sum(len(x.rows) for x in leases) == sps
+    for x in leases:
+        store.ack(x)
+    dt = time.perf_counter() - t0
+    assert len(rows) == sps
+    return dt
+
+
 def run_queue_batched(data, chunk: int) -> float:
     from ray.util.queue import Queue
 
@@ -104,6 +148,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=1000)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--unbatched-cap", type=int, default=2000)
+    ap.add_argument("--step-samples", type=int, default=16384,
+                    help="samples of the step whose store time is reported (run_step)")
     args = ap.parse_args()
 
     import ray
@@ -129,7 +175,24 @@ def main() -> None:
         rs.shutdown()
         qb = run_queue_batched(d, args.chunk)
         rows.append((n, local, rlist, rnp, qb, unb, n > unb_rows))
+    # the store's share of a step at 16,384 samples (median of 3 steps, each a new store)
+    share = {}
+    for name, make in (("local", SampleStore), ("ray", lambda: RayStore(shards=1, chunk=1024))):
+        times = []
+        for _ in range(3):
+            st_ = make()
+            times.append(run_step(st_, args.step_samples))
+            if hasattr(st_, "shutdown"):
+                st_.shutdown()
+        share[name] = sorted(times)[1]
     ray.shutdown()
+
+    ceiling_s = args.step_samples / 20000.0
+    print(f"\none step of {args.step_samples:,} samples through the store, the runtime's calls "
+          f"(run_step): local {share['local'] * 1e3:.0f} ms, Ray (1 shard) "
+          f"{share['ray'] * 1e3:.0f} ms; of a step at 20,000 samples/s ({ceiling_s * 1e3:.0f} ms, "
+          f"benchmarks/runtime.py's ceiling): local {share['local'] / ceiling_s:.0%}, Ray "
+          f"{share['ray'] / ceiling_s:.0%}")
 
     print(f"\nsamples/s, chunk={args.chunk}, RayStore shards={args.shards}, 4 fields/sample "
           f"(unbatched queue measured on {unb_rows} rows; * = extrapolated at that rate)")  # fmt: skip
