@@ -112,6 +112,11 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=1024)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.train_us <= 0 or args.prompts < 1 or args.steps < 2 or args.micro_batch < 1:
+        ap.error("--train-us must be > 0, --prompts and --micro-batch >= 1, --steps >= 2")
+    bad = [n for n in args.only.split(",") if n not in CONFIGS]
+    if bad:
+        ap.error(f"--only: unknown {', '.join(bad)} (choose from {', '.join(CONFIGS)})")
     ceiling = 1e6 / args.train_us
     results = []
     for name in args.only.split(","):

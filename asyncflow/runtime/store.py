@@ -455,19 +455,27 @@ class SampleStore:
         deadline = self._clock() + timeout
         with self._cv:
             t = self._task(task)
-            need = max(int(min_rows), 1)
-            while True:
-                now = self._clock()
-                self._expire_locked(now)
-                pos = self._select(t, n, whole_groups, group_size, max_row, filter_fn, min_version)
-                if len(pos) >= need:
-                    return self._lease_locked(t, pos, fields, now, lease_s, owner)
-                left = deadline - now
-                if left <= 0:
-                    return None
-                if self._heap:  # wake for the next lease expiry too
-                    left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
-                self._cv.wait(left)
+            got = self._wait_select(deadline, max(int(min_rows), 1), lambda: self._select(
+                t, n, whole_groups, group_size, max_row, filter_fn, min_version))
+            return None if got is None else self._lease_locked(t, got[0], fields, got[1],
+                                                               lease_s, owner)
+
+    def _wait_select(self, deadline: float, need: int, select):
+        """Under the lock: ``select()`` until it gives at least ``need`` positions or the
+        deadline passes (woken by writes, and by the next lease expiry); ``(pos, now)`` or
+        None. The wait of :meth:`get` and :meth:`get_split`."""
+        while True:
+            now = self._clock()
+            self._expire_locked(now)
+            pos = select()
+            if len(pos) >= need:
+                return pos, now
+            left = deadline - now
+            if left <= 0:
+                return None
+            if self._heap:  # wake for the next lease expiry too
+                left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
+            self._cv.wait(left)
 
     def get_split(
         self,
@@ -492,23 +500,19 @@ class SampleStore:
         split = max(1, int(split))
         need = max(1, min(int(min_rows), split))
         deadline = self._clock() + timeout
+
+        def select():  # all n, else whole leases of split rows
+            pos = self._select(t, n, False, 1, max_row, filter_fn, min_version)
+            return pos if len(pos) >= n else pos[:len(pos) // split * split]
+
         with self._cv:
             t = self._task(task)
-            while True:
-                now = self._clock()
-                self._expire_locked(now)
-                pos = self._select(t, n, False, 1, max_row, filter_fn, min_version)
-                if len(pos) < n:
-                    pos = pos[:len(pos) // split * split]
-                if len(pos) >= need:
-                    return [self._lease_locked(t, pos[i:i + split], fields, now, lease_s, owner)
-                            for i in range(0, len(pos), split)]
-                left = deadline - now
-                if left <= 0:
-                    return []
-                if self._heap:
-                    left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
-                self._cv.wait(left)
+            got = self._wait_select(deadline, need, select)
+            if got is None:
+                return []
+            pos, now = got
+            return [self._lease_locked(t, pos[i:i + split], fields, now, lease_s, owner)
+                    for i in range(0, len(pos), split)]
 
     def _lease_locked(self, t: _Task, pos: np.ndarray, fields, now: float, lease_s,
                       owner: str | None = None) -> Lease:
