@@ -106,7 +106,7 @@ def test_a_slow_env_step_holds_up_only_its_episode():
 
 
 def test_queue_beats_lockstep_on_longtailed_env_latency():
-    rows, scale = batch(range(16)), 0.05
+    rows, scale = batch(range(16)), 0.1
     args = {"turns": 3, "latency": LONGTAIL}
     steps = []  # the modelled seconds of each episode's steps (keyed by _row, as served)
     for r in rows["_row"]:
@@ -125,7 +125,9 @@ def test_queue_beats_lockstep_on_longtailed_env_latency():
     lock = time.monotonic() - t
     _, _, queue = serve(engine(env_args=args, slots=16, env_threads=16, time_scale=scale), rows)
     assert lock >= 0.95 * lockstep * scale
-    assert queued * scale * 0.95 <= queue < lockstep * scale
+    # measured side by side: both runs pay the same machine's overheads (a loaded CI machine
+    # adds tenths of a second to each); the queue never waits less than its slowest episode
+    assert queued * scale * 0.95 <= queue < lock
 
 
 # ---------------------------------------------------------------------- same rows either way

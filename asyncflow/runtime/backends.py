@@ -152,6 +152,7 @@ class Control:
 #: the longest any call to the control actor may take (plus the call's own wait) before the
 #: control counts as lost: no call of the runtime waits on an actor without a bound
 CALL_TIMEOUT_S = float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120"))
+KILL_WAIT_S = 30.0  # how long a kill waits for the actor's death to show (it takes ms idle)
 
 
 class ControlLost(AsyncflowError):
@@ -576,8 +577,15 @@ class RayBackend:
         self._poll()
         return dict(self.results)
 
-    def kill(self, wid: str) -> None:
+    def kill(self, wid: str, wait_s: float = KILL_WAIT_S) -> None:
+        """Kill ``wid``'s actor and wait (bounded) until its death is seen: ``ray.kill`` only
+        asks the raylet, and on a loaded machine the process can outlive the rest of a short
+        run, so the death would never reach the supervisor (a kill that did nothing)."""
         self.ray.kill(self.actors[wid], no_restart=True)
+        ref = self.refs.get(wid)
+        if ref is not None and wid not in self.results:
+            self.ray.wait([ref], timeout=wait_s)
+            self._poll()
 
     def join(self, timeout: float) -> None:
         deadline = time.time() + timeout

@@ -418,11 +418,13 @@ class Driver:
                     self._check_refill(drops.get("filter", 0) - filtered_at_step, launch)
                     fed = self._feed(store, prompts, fed,
                                      feed_target(st, version, ahead, drops, offset))
+                    # a death already seen is handled (restart, checkpoint) even on the last
+                    # step: a run never ends as if a killed worker had not died
+                    self._supervise(be, store, ctl)
                     if trainers and all(done[t] >= st.steps for t in trainers):
                         break
                     if not trainers and fed >= st.steps * launch and self._all_consumed(store, fed):
                         break
-                    self._supervise(be, store, ctl)
                     if time.time() - last_expire > 0.25:
                         store.expire()
                         last_expire = time.time()
