@@ -4,7 +4,9 @@ Every test takes the ``store`` fixture: an in-process :class:`SampleStore` ("loc
 :class:`RayStore` with 2 shards and a chunk of 8 rows ("ray": a test's rows 0-7 live on shard 0,
 8-15 on shard 1, 16-23 on shard 0 again...), and uses only the protocol's methods (rules: the
 module docstring of :mod:`asyncflow.runtime.store`). A difference between the two stores found
-here is left asserting the contract and marked ``xfail(strict=True)`` for the store that breaks it.
+here would be left asserting the contract and marked ``xfail(strict=True)`` for the store that
+breaks it; none is left (a sharded lease is one lease: its parts on several shards answer, end and
+count as one).
 The Ray tests share two shard actors, reset to empty before each test (``ray_shards``).
 
 The last test applies one random sequence of operations to both stores and compares answers.
@@ -89,13 +91,6 @@ def store(request):
     s.register_task("reward", ["response"])
     s.register_task("train", ["response", "reward"])
     return s
-
-
-def differs_on_ray(request, reason: str) -> None:
-    """A known difference: the contract holds for the local store; on the Ray store the test
-    must fail (strict), so a fix shows up as an XPASS."""
-    if request.node.callspec.params["store"] == "ray":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 _groups = itertools.count(1)
@@ -351,10 +346,7 @@ def test_ack_rows_partial(store):
 
 
 @pytest.mark.parametrize("part", ["ack_rows", "release_rows"])
-def test_a_lease_stays_live_until_its_last_row(store, request, part):
-    differs_on_ray(request, "a RayStore lease is one sub-lease per shard: once ack_rows/release_rows "
-                   "finishes every row one shard holds, renew/ack/release of the lease answer False "
-                   "although it still holds rows on the other shard, and that ack still consumes them")
+def test_a_lease_stays_live_until_its_last_row(store, part):
     rows = add(store, 8, 2)
     lease = store.get("reward", 16)
     first = rows[:8]  # every row of the lease on one shard (ray)
@@ -369,11 +361,7 @@ def test_a_lease_stays_live_until_its_last_row(store, request, part):
 
 @pytest.mark.parametrize("where", ["same_shard", "other_shard"])
 @pytest.mark.parametrize("method", ["ack_rows", "release_rows"])
-def test_rows_the_lease_does_not_hold_are_an_error(store, request, method, where):
-    if where == "other_shard":
-        differs_on_ray(request, "RayStore.ack_rows/release_rows skip rows on a shard the lease has no "
-                       "part on: they answer False (or True when other rows were acked/released, "
-                       "the foreign row silently ignored) instead of raising StoreError")
+def test_rows_the_lease_does_not_hold_are_an_error(store, method, where):
     rows = add(store, 8, 2)
     lease = store.get("reward", 4)  # rows 0-3: shard 0
     other = rows[5] if where == "same_shard" else rows[9]
@@ -471,10 +459,7 @@ def test_revoke_gives_back_every_lease_of_an_owner(store):
     assert store.stats()["leases_revoked"] >= 2
 
 
-def test_lease_counts_are_per_lease(store, request):
-    differs_on_ray(request, "RayStore counts shard sub-leases, not leases: for one lease over 2 "
-                   "shards expire() and revoke() answer 2, renew_many 2, and stats() leases_live, "
-                   "leases_reissued, leases_revoked and stale_acks each count 2")
+def test_lease_counts_are_per_lease(store):
     add(store, 8, 2)
     a = store.get("reward", 16, lease_s=0.2)  # one lease over both shards
     assert store.stats()["leases_live"] == 1
@@ -489,9 +474,32 @@ def test_lease_counts_are_per_lease(store, request):
     assert (st_["leases_reissued"], st_["leases_revoked"], st_["stale_acks"]) == (2, 1, 2)
 
 
-def test_leases_restored_counts_leases(store, request):
-    differs_on_ray(request, "RayStore.restore counts leases_restored per shard sub-lease: a lease "
-                   "in flight over 2 shards at snapshot time counts 2")
+def test_rows_a_lease_already_acked_are_not_its_rows(store):
+    rows = add(store, 8, 2)
+    lease = store.get("reward", 16)  # ray: half on each shard
+    assert store.ack_rows(lease, rows[:8])
+    with pytest.raises(StoreError):  # acked: no longer the lease's (ray: that part had ended)
+        store.ack_rows(lease, [rows[0]])
+    assert store.renew_many([lease.id]) == 1
+    assert store.ack_rows(lease, rows[8:])  # the last rows: the lease ends
+    assert not store.ack(lease) and not store.renew(lease) and not store.release(lease)
+    assert store.renew_many([lease.id]) == 0
+    st_ = store.stats()
+    assert (st_["leases_live"], st_["stale_acks"]) == (0, 1)
+    assert sorted(store.consumed("reward")) == rows
+
+
+def test_a_stale_ack_rows_is_counted_once(store):
+    rows = add(store, 8, 2)
+    lease = store.get("reward", 16, lease_s=0.1)
+    time.sleep(0.2)
+    assert store.expire() == 1
+    assert not store.ack_rows(lease, [rows[9]])  # ray: only the second shard's part is asked
+    assert not store.ack_rows(lease, [rows[0], rows[9]])
+    assert store.stats()["stale_acks"] == 2
+
+
+def test_leases_restored_counts_leases(store):
     add(store, 8, 2)
     store.get("reward", 16)
     r = restored(store, store.snapshot())

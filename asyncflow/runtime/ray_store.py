@@ -34,7 +34,15 @@ a competitor may briefly hold rows another then gives back; never a duplicate, a
 a long poll on every shard's change counter (no busy polling), then tries again until ``timeout``.
 
 Leases: the handle's lease id packs the shards' own lease ids (``40`` bits each), so any copy of
-the handle (it pickles: workers use it) can ack, release or renew it. Expiry is per shard.
+the handle (it pickles: workers use it) can ack, release or renew it. A lease over several shards
+is still one lease: it lives while any part holds rows (a part whose rows were all acked or
+released by ``ack_rows``/``release_rows`` answers "ended", not "stale"), a row of another shard
+or of an ended part is a ``StoreError``, and the counts (``leases_live``, ``leases_reissued``,
+``leases_revoked``, ``leases_restored``, ``stale_acks``, what ``expire``, ``revoke`` and
+``renew_many`` return) count leases, not parts: only the lowest shard's part is counted
+(:meth:`SampleStore.uncount` marks the others). Expiry is per shard (the parts share a deadline
+and are renewed together); a multi-part ack is not atomic across shards, and once the counted
+part has ended by ``ack_rows`` the lease's other live parts are not in ``leases_live``.
 
 ``gc`` frees the values of fully consumed rows and drops a shard's reference to a chunk once all of
 that shard's rows in it are freed (Ray frees the object when no shard references it).
@@ -68,6 +76,7 @@ _MASK = (1 << _BITS) - 1
 _POLL_S = 5.0  # the longest one long poll waits before the handle re-polls
 _INLINE = 64 * 1024  # chunks below this many bytes stay inline in the shard (no object store)
 _CACHE = 16  # fetched chunks a handle keeps
+_DONE = 65536  # lease parts a shard remembers as ended by their last row (ack_rows/release_rows)
 # every call to a shard is bounded: a shard that does not answer within this many seconds (plus
 # the call's own wait) is lost, and the caller gets StoreLost instead of hanging forever
 CALL_TIMEOUT_S = float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120"))
@@ -101,6 +110,10 @@ class _Shard:
         self._next_cid = 1
         self._peers: list = []
         self._cancelled: dict[str, float] = {}
+        # lease parts whose every row was acked or released by ack_rows/release_rows: the lease
+        # lives on in its other parts, so an op on this part answers None ("nothing here"), not
+        # False ("the lease is stale")
+        self._done: OrderedDict = OrderedDict()
 
     def ping(self) -> int:
         return self.index
@@ -222,17 +235,57 @@ class _Shard:
             return st.write(rows, {}, lease_id=lease_id)  # counts the stale write
         return self._stored(columns, rows, lambda cols: st.write(rows, cols, lease_id=lease_id))
 
-    def ack(self, lease_id: int, columns: dict | None = None) -> bool:
+    # -------------------------------------------------------------- lease parts
+    # A handle's lease is one part per shard (``_pack``); ``first`` is False for every part but
+    # the lowest shard's, which alone counts a stale ack (the store counts leases, not parts).
+    def _ended(self, lease_id: int, first: bool) -> bool | None:
+        """None: the part ended with its last row (nothing to do here); False: not live, and
+        not the first part (answer False without counting a stale ack); True: go on."""
+        if lease_id in self._done:
+            return None
+        if not first and not self.store.live(lease_id):
+            return False
+        return True
+
+    def _finished(self, lease_id: int, ok: bool) -> bool:
+        if ok and not self.store.live(lease_id):
+            self._done[lease_id] = True
+            while len(self._done) > _DONE:
+                self._done.popitem(last=False)
+        return ok
+
+    def lease_op(self, method: str, lease_id: int, first: bool = True, *args):
+        """``renew`` or ``release`` of one lease part (None: the part had ended, see ``_done``)."""
+        go = self._ended(lease_id, first)
+        return go if go is not True else getattr(self.store, method)(lease_id, *args)
+
+    def renew_each(self, lease_ids: list[int], lease_s: float | None = None) -> list:
+        """:meth:`lease_op` ``renew`` of many parts (a heartbeat), one answer each."""
+        return [None if lid in self._done else self.store.renew(lid, lease_s) for lid in lease_ids]
+
+    def uncount(self, lease_ids: list[int]) -> None:
+        for lid in lease_ids:
+            self.store.uncount(lid)
+
+    def ack(self, lease_id: int, columns: dict | None = None, first: bool = True) -> bool | None:
+        go = self._ended(lease_id, first)
+        if go is not True:
+            return go
         st = self.store
         rows = st.lease_rows(lease_id) if columns else None
         if rows is None:
             return st.ack(lease_id)
         return self._stored(columns, rows, lambda cols: st.ack(lease_id, cols))
 
-    def ack_rows(self, lease_id: int, rows: list[int], columns: dict | None = None) -> bool:
+    def ack_rows(self, lease_id: int, rows: list[int], columns: dict | None = None,
+                 first: bool = True) -> bool | None:
+        go = self._ended(lease_id, first)
+        if go is not True:
+            return go
         if not columns:
-            return self.store.ack_rows(lease_id, rows)
-        return self._stored(columns, rows, lambda cols: self.store.ack_rows(lease_id, rows, cols))
+            return self._finished(lease_id, self.store.ack_rows(lease_id, rows))
+        return self._finished(lease_id, self._stored(
+            columns, rows, lambda cols: self.store.ack_rows(lease_id, rows, cols)))
 
     def _stored(self, columns: dict, rows, call) -> bool:
         """``call(cols)`` with ``columns`` ingested for ``rows``; their chunk is freed again
@@ -247,12 +300,19 @@ class _Shard:
             self._drop_chunk(cid)
         return ok
 
-    def release_rows(self, lease_id: int, rows: list[int]) -> bool:
-        return self.store.release_rows(lease_id, rows)
+    def release_rows(self, lease_id: int, rows: list[int], first: bool = True) -> bool | None:
+        go = self._ended(lease_id, first)
+        if go is not True:
+            return go
+        return self._finished(lease_id, self.store.release_rows(lease_id, rows))
 
-    def trim(self, lease_id: int, keep: list[int]) -> bool:
-        """Give back the rows of a live lease that are not in ``keep`` (the handle's surplus)."""
-        return self.store.trim(lease_id, keep)
+    def trim(self, lease_id: int, keep: list[int], uncount: bool = False) -> bool:
+        """Give back the rows of a live lease that are not in ``keep`` (the handle's surplus);
+        ``uncount``: the part is not its lease's first (:meth:`SampleStore.uncount`)."""
+        ok = self.store.trim(lease_id, keep)
+        if uncount:
+            self.store.uncount(lease_id)
+        return ok
 
     def get(self, task, n, kw):
         """A lease of this shard: (id, rows, bookkeeping columns, locators per field, chunks)."""
@@ -310,6 +370,7 @@ class _Shard:
 
     def restore(self, d: dict) -> None:
         self._chunks.clear()
+        self._done.clear()  # lease ids are the snapshot's from here on
         d = dict(d)
         fields = {}
         for f, fd in d["fields"].items():
@@ -347,6 +408,13 @@ def _pack(parts: dict[int, int]) -> int:
 
 def _unpack(lease_id: int, shards: int) -> dict[int, int]:
     return {s: (lease_id >> (_BITS * s)) & _MASK for s in range(shards) if (lease_id >> (_BITS * s)) & _MASK}
+
+
+def _joined(answers) -> bool:
+    """One lease's answer from its parts': None is a part that had ended with its last row; the
+    lease is live while some part is, and an op succeeds when every live part's does."""
+    live = [a for a in answers if a is not None]
+    return bool(live) and all(live)
 
 
 class RayStore:
@@ -554,6 +622,7 @@ class RayStore:
         """The lowest ``units`` rows (groups) over the shards' leases; the rest is given back."""
         if len(parts) <= 1:  # one shard's lease is already its lowest units
             return parts
+        lead = min(parts)  # the part counted as the lease (SampleStore.uncount)
         keys = []
         for s, p in parts.items():
             if whole_groups:
@@ -564,12 +633,14 @@ class RayStore:
                 keys += [(r, s, g) for g, r in first.items()]
             else:
                 keys += [(r, s, r) for r in p[1]]
-        if len(keys) <= units:
+        if len(keys) <= units:  # every part kept: all but the first are not counted as leases
+            _get([self._shards[s].uncount.remote([p[0]]) for s, p in parts.items() if s != lead])
             return parts
         keys.sort()
         chosen: dict[int, set] = {}
         for _, s, u in keys[:units]:
             chosen.setdefault(s, set()).add(u)
+        lead = min(chosen)
         out, refs = {}, []
         for s, p in parts.items():
             pick = chosen.get(s)
@@ -580,12 +651,14 @@ class RayStore:
             keep = np.flatnonzero(np.fromiter((u in pick for u in col), bool, len(col)))
             if len(keep) == len(col):
                 out[s] = p
+                if s != lead:
+                    refs.append(self._shards[s].uncount.remote([p[0]]))
                 continue
             lid, rows, book, locs, chunks = p
             rows = [rows[i] for i in keep.tolist()]
             book = {f: [v[i] for i in keep.tolist()] for f, v in book.items()}
             locs = {f: v[keep] for f, v in locs.items()}
-            refs.append(self._shards[s].trim.remote(lid, rows))
+            refs.append(self._shards[s].trim.remote(lid, rows, s != lead))
             out[s] = (lid, rows, book, locs, chunks)
         _get(refs)
         return out
@@ -688,54 +761,89 @@ class RayStore:
         parts = _unpack(lid, len(self._shards))
         rows = getattr(lease_id, "rows", None) or self._issued.get(lid)
         self._issued.pop(lid, None)
+        first = min(parts, default=0)
         if columns and len(parts) > 1:
             if rows is None:
                 raise StoreError("ack with columns needs the Lease (this handle did not issue it)")
             split = self._split(rows, columns)
-            refs = [self._shards[s].ack.remote(p, _pack_cols(split.get(s, (None, None))[1])) for s, p in parts.items()]
+            refs = [self._shards[s].ack.remote(p, _pack_cols(split.get(s, (None, None))[1]), s == first)
+                    for s, p in parts.items()]
         else:
-            refs = [self._shards[s].ack.remote(p, _pack_cols(columns)) for s, p in parts.items()]
-        if not refs:
-            return False
-        return all(_get(refs))
+            refs = [self._shards[s].ack.remote(p, _pack_cols(columns), s == first) for s, p in parts.items()]
+        answers = _get(refs)
+        if answers and all(a is None for a in answers):
+            self._stale_ack(parts)
+        return _joined(answers)
+
+    def _rows_op(self, method: str, lease_id: int | Lease, rows: list[int], columns: dict | None) -> bool:
+        """``ack_rows`` or ``release_rows``: each shard does its part of ``rows``. A row on a
+        shard where the lease has no part, or only a part that had ended, is not the lease's:
+        StoreError, as in the in-process store."""
+        lid = getattr(lease_id, "id", lease_id)
+        parts = _unpack(lid, len(self._shards))
+        split = self._split([int(r) for r in rows], columns or {})
+        foreign = [r_s[0] for s, (r_s, _) in split.items() if s not in parts and r_s]
+        if foreign and parts:
+            raise StoreError(f"row {foreign[0]} is not in lease {lid}")
+        shards = [s for s in split if s in parts]
+        first = min(shards, default=0)  # the one part that counts a stale ack
+        if method == "ack_rows":
+            refs = [self._shards[s].ack_rows.remote(parts[s], split[s][0], _pack_cols(split[s][1]) if columns else None,
+                                                    s == first) for s in shards]
+        else:
+            refs = [self._shards[s].release_rows.remote(parts[s], split[s][0], s == first) for s in shards]
+        answers = _get(refs)
+        ended = [split[s][0][0] for s, a in zip(shards, answers) if a is None]
+        if ended and not any(answers):  # is the lease live in a part not asked?
+            others = [s for s in parts if s not in shards]
+            answers += _get([self._shards[s].call.remote("live", parts[s]) for s in others])
+        if ended and any(answers):
+            raise StoreError(f"row {ended[0]} is not in lease {lid}")
+        if method == "ack_rows" and answers and all(a is None for a in answers):
+            self._stale_ack(parts)
+        return _joined(answers)
+
+    def _stale_ack(self, parts: dict[int, int]) -> None:
+        """Every part of the lease had ended: an ack of it is stale, counted once (the ack of
+        its first, ended part, which the shard's store counts)."""
+        first = min(parts)
+        _get(self._shards[first].call.remote("ack", parts[first]))
 
     def ack_rows(self, lease_id: int | Lease, rows: list[int], columns: dict | None = None) -> bool:
         """As :meth:`SampleStore.ack_rows`: each shard acks its part of ``rows``."""
-        lid = getattr(lease_id, "id", lease_id)
-        parts = _unpack(lid, len(self._shards))
-        rows = [int(r) for r in rows]
-        split = self._split(rows, columns or {})
-        refs = [self._shards[s].ack_rows.remote(parts[s], r_s, _pack_cols(c_s) if columns else None)
-                for s, (r_s, c_s) in split.items() if s in parts]
-        return bool(refs) and all(_get(refs))
+        return self._rows_op("ack_rows", lease_id, rows, columns)
 
     def release_rows(self, lease_id: int | Lease, rows: list[int]) -> bool:
+        return self._rows_op("release_rows", lease_id, rows, None)
+
+    def _lease_op(self, method: str, lease_id: int | Lease, *args) -> bool:
         lid = getattr(lease_id, "id", lease_id)
         parts = _unpack(lid, len(self._shards))
-        split = self._split([int(r) for r in rows], {})
-        refs = [self._shards[s].release_rows.remote(parts[s], r_s)
-                for s, (r_s, _) in split.items() if s in parts]
-        return bool(refs) and all(_get(refs))
+        first = min(parts, default=0)
+        return _joined(_get([self._shards[s].lease_op.remote(method, p, s == first, *args)
+                             for s, p in parts.items()]))
 
     def release(self, lease_id: int | Lease) -> bool:
-        lid = getattr(lease_id, "id", lease_id)
-        self._issued.pop(lid, None)
-        refs = [self._shards[s].call.remote("release", p) for s, p in _unpack(lid, len(self._shards)).items()]
-        return bool(refs) and all(_get(refs))
+        self._issued.pop(getattr(lease_id, "id", lease_id), None)
+        return self._lease_op("release", lease_id)
 
     def renew(self, lease_id: int | Lease, lease_s: float | None = None) -> bool:
-        lid = getattr(lease_id, "id", lease_id)
-        refs = [self._shards[s].call.remote("renew", p, lease_s) for s, p in _unpack(lid, len(self._shards)).items()]
-        return bool(refs) and all(_get(refs))
+        return self._lease_op("renew", lease_id, lease_s)
 
     def renew_many(self, lease_ids: list[int], lease_s: float | None = None) -> int:
-        """Renew many leases: one call per shard that holds any of them (a heartbeat)."""
+        """Renew many leases: one call per shard that holds any of them (a heartbeat); returns
+        how many leases were still live."""
         per: dict[int, list[int]] = {}
-        for lid in lease_ids:
-            for s, p in _unpack(int(lid), len(self._shards)).items():
+        parts = [_unpack(int(lid), len(self._shards)) for lid in lease_ids]
+        for ps in parts:
+            for s, p in ps.items():
                 per.setdefault(s, []).append(p)
-        refs = [self._shards[s].call.remote("renew_many", ps, lease_s) for s, ps in per.items()]
-        return sum(_get(refs)) if refs else 0
+        if not per:
+            return 0
+        shards = list(per)
+        got = dict(zip(shards, _get([self._shards[s].renew_each.remote(per[s], lease_s) for s in shards])))
+        answer = {s: dict(zip(per[s], got[s])) for s in shards}
+        return sum(_joined(answer[s][p] for s, p in ps.items()) for ps in parts)
 
     def revoke(self, owner: str) -> int:
         """Give back every live lease of worker ``owner`` on every shard (it died)."""

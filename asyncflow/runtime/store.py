@@ -103,12 +103,13 @@ class _Task:
 
 
 class _LeaseRec:
-    __slots__ = ("id", "task", "pos", "rows", "deadline", "owner")
+    __slots__ = ("id", "task", "pos", "rows", "deadline", "owner", "counted")
 
     def __init__(self, id: int, task: _Task, pos: np.ndarray, rows: list[int], deadline: float,
                  owner: str | None = None):
         self.id, self.task, self.pos, self.rows, self.deadline = id, task, pos, rows, deadline
         self.owner = owner
+        self.counted = True  # False: one part of a sharded store's lease, not its first
 
 
 def _run(pos: np.ndarray) -> tuple[int, int] | None:
@@ -679,6 +680,19 @@ class SampleStore:
             self._cv.notify_all()
             return True
 
+    def uncount(self, lease_id: int | Lease) -> bool:
+        """Count live lease ``lease_id`` as part of a lease counted elsewhere: a sharded store's
+        lease is one part per shard, and every part but the first is marked, so that counts are
+        of leases, not parts (``leases_live``, ``leases_reissued``, ``leases_revoked``,
+        ``leases_restored``, and what :meth:`expire` and :meth:`revoke` return). False if the
+        lease is not live."""
+        with self._cv:
+            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            if rec is None:
+                return False
+            rec.counted = False
+            return True
+
     def all_freed(self, rows) -> bool:
         """Whether :meth:`gc` has freed the values of every row in ``rows``."""
         with self._cv:
@@ -734,9 +748,10 @@ class SampleStore:
             for rec in gone:
                 del self._leases[rec.id]
                 self._unhold(rec)
-            self._counters["leases_revoked"] += len(gone)
-            self._counters["leases_reissued"] += len(gone)  # their rows go out again, as on expiry
-            return len(gone)
+            n = sum(rec.counted for rec in gone)
+            self._counters["leases_revoked"] += n
+            self._counters["leases_reissued"] += n  # their rows go out again, as on expiry
+            return n
 
     def _unhold(self, rec: _LeaseRec) -> None:
         rec.task.held[rec.pos] = False
@@ -759,9 +774,9 @@ class SampleStore:
                 continue
             del self._leases[lid]
             self._unhold(rec)
-            self._counters["leases_reissued"] += 1
+            self._counters["leases_reissued"] += rec.counted
             self._counters["rows_reissued"] += len(rec.pos)
-            count += 1
+            count += rec.counted
         return count
 
     def drop(self, rows: list[int], reason: str) -> int:
@@ -811,7 +826,7 @@ class SampleStore:
                 "freed": int(self._freed[: self._n].sum()),
                 "tasks": tasks,
                 "drops": dict(self._drops),
-                "leases_live": len(self._leases),
+                "leases_live": sum(rec.counted for rec in self._leases.values()),
                 "leases_reissued": c["leases_reissued"],
                 "rows_reissued": c["rows_reissued"],
                 "stale_acks": c["stale_acks"],
@@ -866,7 +881,8 @@ class SampleStore:
                     for name, t in self._tasks.items()
                 },
                 "leases": [
-                    {"id": rec.id, "task": rec.task.name, "rows": list(rec.rows)} for rec in self._leases.values()
+                    {"id": rec.id, "task": rec.task.name, "rows": list(rec.rows), "counted": rec.counted}
+                    for rec in self._leases.values()
                 ],
                 "counters": dict(self._counters),
             }
@@ -898,7 +914,7 @@ class SampleStore:
                     t.n_consumed += len(pos)
                     t.order.append((ts, list(rows)))
             s._counters.update(d.get("counters", {}))
-            s._counters["leases_restored"] += len(d["leases"])
+            s._counters["leases_restored"] += sum(bool(x.get("counted", True)) for x in d["leases"])
             s._next_row = max(s._next_row, d["next_row"])
             s._next_lease = d["next_lease"]
         return s
