@@ -60,6 +60,10 @@ KEY_DOCS: dict[str, dict[str, str]] = {
     },
     "pool": {
         "devices": "How many devices the pool has: GPUs, or CPU slots where there is no GPU.",
+        "share_process": "Whether the workers that time-share one of the pool's devices run in "
+                         "one process (true, the default, as verl's colocated workers: torch and "
+                         "the engine libraries are imported once per device) or each in its own "
+                         "(false: one task's crash cannot take the others down with it).",
         "resources": "Custom Ray resources each device needs, e.g. {my_label: 1} to place the "
                      "pool on the nodes started with that resource (not GPU or CPU).",
     },

@@ -107,3 +107,53 @@ def test_reserved_resource_af402_rule_5():
     with pytest.raises(UserError) as e:
         compile_text(src(pools__train={"devices": 1, "resources": {"GPU": 2}}), "t.yaml")
     assert [d.code for d in e.value.diagnostics] == ["AF402"]
+
+
+def _procs(text) -> dict:
+    """process -> its workers, from the compiled plan."""
+    plan = compile_text(text, "t.yaml")
+    out: dict = {}
+    for w in plan.workers:
+        out.setdefault(w.process, []).append(w.id)
+    return out
+
+
+def test_workers_time_sharing_a_device_share_a_process_rule_6():
+    """Rule 6: one process per device set of a pool; pool-less tasks' replica r in cpu:r.
+
+        train (1 device): ref/0 + update/0 -> train:0     rollout (1): generate/0 -> rollout:0
+        score x2, advantage x1 (no pool)   -> cpu:0 {score/0, advantage/0}, cpu:1 {score/1}
+    """
+    procs = _procs(src(tasks__score__replicas=2))
+    assert procs == {"rollout:0": ["generate/0"], "cpu:0": ["score/0", "advantage/0"],
+                     "cpu:1": ["score/1"], "train:0": ["ref/0", "update/0"]}
+
+
+def test_multi_device_replicas_name_their_devices_rule_6():
+    """generate x2 of 2 devices each on a 4-device pool: rollout:0-1 and rollout:2-3."""
+    procs = _procs(src(pools__rollout={"devices": 4}, tasks__generate__replicas=2,
+                       tasks__generate__devices_per_replica=2))
+    assert procs["rollout:0-1"] == ["generate/0"] and procs["rollout:2-3"] == ["generate/1"]
+
+
+def test_share_process_false_gives_each_worker_its_own_rule_6():
+    procs = _procs(src(pools__train={"devices": 1, "share_process": False}))
+    assert procs["ref/0"] == ["ref/0"] and procs["update/0"] == ["update/0"]
+    assert procs["rollout:0"] == ["generate/0"]  # the other pool keeps the default
+
+
+def test_share_process_must_be_a_bool():
+    with pytest.raises(UserError) as e:
+        compile_text(src(pools__train={"devices": 1, "share_process": "sometimes"}), "t.yaml")
+    assert e.value.diagnostics and e.value.diagnostics[0].loc.line > 0
+
+
+def test_plan_without_processes_loads_as_one_process_per_worker():
+    """A plan written before rule 6 (no ``process``) still loads: each worker on its own."""
+    from asyncflow.plan import Plan
+
+    d = compile_text(src(), "t.yaml").to_dict()
+    for w in d["workers"]:
+        del w["process"]
+    plan = Plan.from_dict(d)
+    assert all(w.process == "" for w in plan.workers)

@@ -64,6 +64,7 @@ class PoolDef:
     name: str
     devices: int
     resources: dict = field(default_factory=dict)  # extra Ray resources each device needs
+    share_process: bool = True  # workers time-sharing a device run in one process
     loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()
 

@@ -43,7 +43,8 @@ DATA = {
     "fields": Key("names", required=True),
     "epochs": Key("int", min=1),  # passes over the data the run may make (default: as needed, warned)
 }
-POOL = {"devices": Key("int", required=True, min=1), "resources": Key("map", default={})}
+POOL = {"devices": Key("int", required=True, min=1), "resources": Key("map", default={}),
+        "share_process": Key("bool", default=True)}
 STEP = {
     "prompts_per_step": Key("int", required=True, min=1),
     "samples_per_prompt": Key("int", default=1, min=1),

@@ -51,3 +51,48 @@ def test_ray_killing_a_rollout_actor_loses_nothing():
     assert len(r.metrics) == 5
     check_exactly_once(r, 5 * SPS)
     check_train_steps(r, 2)
+
+
+def test_ray_workers_of_one_process_share_it_and_die_together():
+    """Placement rule 6 on Ray: score/0 and advantage/0 (pool-less) run in one process, cpu:0;
+    killing score/0 kills that process, so both restart (into one new process) and nothing is
+    lost; the other workers are untouched."""
+    plan = make_plan(1, 1, 7, steps=5)
+    procs = {w.id: w.process for w in plan.workers}
+    assert procs["score/0"] == procs["advantage/0"] == "cpu:0"
+    assert len({procs["generate/0"], procs["update/0"], "cpu:0"}) == 3
+    d = Driver(plan, "ray", lease_s=0.5, max_restarts=3)
+    d.on_step = lambda m: d.kill("score/0") if m["step"] == 0 else None
+    r = d.run()
+    w = r.workers
+    assert w["score/0"]["restarts"] == 1 and w["advantage/0"]["restarts"] == 1
+    assert w["generate/0"]["restarts"] == 0 and w["update/0"]["restarts"] == 0
+    assert w["score/0"]["pid"] == w["advantage/0"]["pid"]
+    assert len({w["score/0"]["pid"], w["generate/0"]["pid"], w["update/0"]["pid"]}) == 3
+    assert len(r.metrics) == 5
+    check_exactly_once(r, 5 * SPS)
+    check_train_steps(r, 1)
+
+
+def test_ray_share_process_false_gives_each_worker_a_process():
+    """Two tasks time-sharing the train pool's device: one process by default, two with the
+    pool's ``share_process: false``."""
+    from test_runtime_props import PIPELINE, PPS, SPP
+
+    from asyncflow.compiler import compile_text
+
+    text = PIPELINE.format(alpha=1, replicas=1, seed=3, pps=PPS, spp=SPP, steps=3,
+                           score_replicas=1)
+    text = text.replace("    fn: asyncflow.rewards:digits_match\n",
+                        "    fn: asyncflow.rewards:digits_match\n    pool: train\n")
+    pids = {}
+    for share in (True, False):
+        t = text.replace("train: {devices: 1}",
+                         f"train: {{devices: 1, share_process: {str(share).lower()}}}")
+        plan = compile_text(t, "share.yaml")
+        r = Driver(plan, "ray").run()
+        assert len(r.metrics) == 3
+        check_exactly_once(r, 3 * SPS)
+        pids[share] = (r.workers["score/0"]["pid"], r.workers["update/0"]["pid"])
+    assert pids[True][0] == pids[True][1]
+    assert pids[False][0] != pids[False][1]

@@ -19,6 +19,26 @@ def _fmt_s(x: float) -> str:
     return f"{x:.2f} s"
 
 
+def processes_table(plan, most: int = 12):
+    """Which workers share a process (one Ray actor each on the ray backend; placement rule 6:
+    the workers that time-share a device). At most ``most`` rows; the rest are counted."""
+    from rich.table import Table
+
+    by: dict[str, list[str]] = {}
+    for w in plan.workers:
+        by.setdefault(w.process or w.id, []).append(w.id)
+    t = Table(title=f"processes ({len(by)} for {len(plan.workers)} workers; one Ray actor each)",
+              title_justify="left")
+    for col in ("process", "workers"):
+        t.add_column(col, overflow="fold")
+    for i, (proc, ws) in enumerate(by.items()):
+        if i == most:
+            t.add_row(f"... {len(by) - most} more", "")
+            break
+        t.add_row(proc, ", ".join(ws))
+    return t
+
+
 def plan_tables(plan):
     """The plan as rich tables (the compile command prints them; viz HTML reuses the data)."""
     from rich.table import Table
@@ -50,6 +70,7 @@ def plan_tables(plan):
         b = p.bundles[0].resources if p.bundles else {}
         pools.add_row(p.name, str(p.devices), ", ".join(f"{k}: {v}" for k, v in b.items()),
                       " -> ".join(p.tasks))
+    procs = processes_table(plan)
 
     chans = Table(title="channels", title_justify="left")
     for col in ("channel", "fields", "granularity", "staleness", "capacity (rows)"):
@@ -87,7 +108,7 @@ def plan_tables(plan):
             if isinstance(mb, int) and mb > 0:
                 batch.add_row(f"micro-batches per step ({t.name}: {mb})",
                               str(st.samples_per_step // mb))
-    out = [tasks, binds, sched, pools, chans, sync, batch]
+    out = [tasks, binds, sched, pools, procs, chans, sync, batch]
     e = plan.estimate
     if e is not None:
         how = "simulated" if e.notes and e.notes[0].startswith("simulated") else "closed form"

@@ -155,6 +155,9 @@ class WorkerPlan:
     bundles: list[int] = field(default_factory=list)
     resources: dict = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
+    # the process it runs in (placement rule 6): workers that time-share a device share one;
+    # "" (a plan written before processes): a process of its own
+    process: str = ""
 
 
 @dataclass

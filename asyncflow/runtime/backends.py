@@ -1,5 +1,6 @@
 """Where workers run: ``local`` (threads in this process, :class:`SampleStore`) or ``ray``
-(one actor per worker placed on the plan's placement-group bundles, :class:`RayStore`).
+(one actor per process of the plan -- the workers that time-share a device share one -- placed on
+the plan's placement-group bundles, :class:`RayStore`).
 
 Both backends hand every worker the same three things: the plan (plain data), a store handle
 and a control handle. :class:`Control` is the run's small control plane -- the stop flag, the
@@ -269,27 +270,33 @@ class LocalBackend:
 
 
 # ---------------------------------------------------------------------------------------- ray
-class _WorkerActor:
-    """A Ray actor around :class:`asyncflow.runtime.worker.Worker`."""
+class _HostActor:
+    """A Ray actor that is one process of the plan (placement rule 6: the workers that
+    time-share a device share one): each of its workers
+    (:class:`asyncflow.runtime.worker.Worker`) runs ``run()`` on a thread of its own, as the
+    local backend runs all of them; a second thread per worker answers ``stack()``."""
 
-    def __init__(self, plan_dict, wid, store, control_handle, t0, options):
-        from asyncflow.runtime.worker import Worker
-
-        cores = options.get("cpu_affinity")
+    def __init__(self, cores):
         if cores:
             pin(cores)
-        self.worker = Worker(plan_dict, wid, store, ActorProxy(control_handle), t0,
-                             {**options, "ray": True})
+        self.workers: dict = {}
 
-    def run(self) -> dict:
+    def run(self, plan_dict, wid, store, control_handle, t0, options) -> dict:
+        from asyncflow.runtime.worker import Worker
+
+        w = None
         try:
-            return self.worker.run()
+            w = Worker(plan_dict, wid, store, ActorProxy(control_handle), t0,
+                       {**options, "ray": True})
+            self.workers[wid] = w
+            return w.run()
         except BaseException as e:  # the loop died of anything but a crash of the process
-            return {"worker": self.worker.id, "status": "died",
-                    "error": f"{e.__class__.__name__}: {e}", "op": self.worker._op}
+            return {"worker": wid, "status": "died",
+                    "error": f"{e.__class__.__name__}: {e}", "op": w._op if w else "START"}
 
-    def stack(self) -> str:
-        return self.worker.stack()
+    def stack(self, wid: str) -> str:
+        w = self.workers.get(wid)
+        return w.stack() if w is not None else ""
 
 
 def check_feasible(plan, nodes: list[dict]) -> None:
@@ -438,7 +445,8 @@ def _lean_local_ray(ray):
 
 
 class RayBackend:
-    """One actor per worker on its pool's placement group; RayStore; a Control actor."""
+    """One actor per process of the plan (the workers time-sharing a device share one) on its
+    pool's placement group; RayStore; a Control actor."""
 
     name = "ray"
     use_ray = True
@@ -458,6 +466,9 @@ class RayBackend:
         self._store = None
         self._control = None
         self._make_args: dict[str, tuple] = {}
+        self.hosts: dict[str, Any] = {}  # process -> its actor (placement rule 6)
+        self._host_args: dict[str, tuple] = {}
+        self._proc_of: dict[str, str] = {}  # worker -> process
 
     def make_store(self, plan):
         from asyncflow.runtime.ray_store import RayStore
@@ -500,51 +511,69 @@ class RayBackend:
 
     def start(self, plan_dict: dict, worker_ids: list[str], store, control, t0: float,
               options: dict) -> None:
+        """One actor per process of the plan (``WorkerPlan.process``), on the bundle of its
+        workers' device; then each worker's ``run`` on its process's actor."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from asyncflow.plan import Plan
 
         plan = Plan.from_dict(plan_dict)
         self._placement_groups(plan)
-        cls = self.ray.remote(_WorkerActor)
+        cls = self.ray.remote(_HostActor)
         plan_ref = self.ray.put(plan_dict)
         cores = cpu_cores(plan, int(self.ray.cluster_resources().get("CPU", 0)) if self.pin
                           else 0)
         per = options.get("per_worker", {})
+        procs: dict[str, list] = {}
         for wid in worker_ids:
-            wp = next(w for w in plan.workers if w.id == wid)
-            # two threads: run() and a bounded stack() call (the watchdog's) beside it
-            opts: dict = {"num_cpus": 0, "max_concurrency": 2}
-            pg = self.pgs.get(wp.pool or "")
+            wp = plan.worker(wid)
+            procs.setdefault(wp.process or wid, []).append(wp)
+        for proc, wps in procs.items():
+            # per worker two threads: run() and a bounded stack() call (the watchdog's), and
+            # room for a restarted worker's run() beside the others
+            opts: dict = {"num_cpus": 0, "max_concurrency": 2 * len(wps) + 2}
+            pg = self.pgs.get(wps[0].pool or "")
             if pg is not None:
-                idx = wp.bundles[0] if wp.bundles else -1
+                idx = wps[0].bundles[0] if wps[0].bundles else -1
                 opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=idx)
-            self._make_args[wid] = (cls, opts, plan_ref, store, control, t0, cores.get(wid))
-            self._launch(wid, per.get(wid, options))
+            self._host_args[proc] = (cls, opts, cores.get(wps[0].id))
+            self._new_host(proc)
+            for wp in wps:
+                self._proc_of[wp.id] = proc
+                self._make_args[wp.id] = (plan_ref, store, control, t0, cores.get(wp.id))
+                self._launch(wp.id, per.get(wp.id, options))
+
+    def _new_host(self, proc: str) -> None:
+        cls, opts, cores = self._host_args[proc]
+        self.hosts[proc] = cls.options(**opts).remote(cores)
 
     def _launch(self, wid: str, options: dict) -> None:
-        cls, opts, plan_ref, store, control, t0, cores = self._make_args[wid]
+        plan_ref, store, control, t0, cores = self._make_args[wid]
         wopts = {**options, "cpu_affinity": cores} if cores else options
-        actor = cls.options(**opts).remote(plan_ref, wid, store, control, t0, wopts)
-        self.actors[wid] = actor
-        self.refs[wid] = actor.run.remote()
+        host = self.hosts[self._proc_of[wid]]
+        self.actors[wid] = host
+        self.refs[wid] = host.run.remote(plan_ref, wid, store, control, t0, wopts)
 
     def restart(self, wid: str, options: dict) -> None:
-        """A new actor for ``wid`` (the old one died), on the same bundle."""
+        """A new worker for ``wid``, which ended. Its process lives on when only its thread
+        died; when the process is gone (killed, crashed: every worker in it ends), the first of
+        its workers to restart starts a new one on the same bundle and the others join it."""
+        proc = self._proc_of[wid]
         old = self.actors.get(wid)
-        if old is not None:
+        if self.results.get(wid, {}).get("status") != "died" and self.hosts.get(proc) is old:
             try:
                 self.ray.kill(old, no_restart=True)
             except Exception:
                 pass
+            self._new_host(proc)
         self._launch(wid, options)
         self.results.pop(wid, None)
 
     def stack(self, wid: str, timeout: float = 5.0) -> str:
-        """The worker's Python stack, asked of its actor with a bounded call."""
+        """The worker's Python stack, asked of its process's actor with a bounded call."""
         try:
-            return self.ray.get(self.actors[wid].stack.remote(), timeout=timeout)
+            return self.ray.get(self.actors[wid].stack.remote(wid), timeout=timeout)
         except Exception as e:
             return f"(its stack could not be read: {e.__class__.__name__})"
 
@@ -578,7 +607,8 @@ class RayBackend:
         return dict(self.results)
 
     def kill(self, wid: str, wait_s: float = KILL_WAIT_S) -> None:
-        """Kill ``wid``'s actor and wait (bounded) until its death is seen: ``ray.kill`` only
+        """Kill ``wid``'s process (every worker in it dies: a device's colocated workers go
+        together) and wait (bounded) until its death is seen: ``ray.kill`` only
         asks the raylet, and on a loaded machine the process can outlive the rest of a short
         run, so the death would never reach the supervisor (a kill that did nothing)."""
         self.ray.kill(self.actors[wid], no_restart=True)
@@ -598,7 +628,7 @@ class RayBackend:
     def shutdown(self, keep_ray: bool = False) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for a in self.actors.values():
+        for a in {id(a): a for a in [*self.hosts.values(), *self.actors.values()]}.values():
             try:
                 self.ray.kill(a, no_restart=True)
             except Exception:

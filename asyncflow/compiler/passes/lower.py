@@ -248,7 +248,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         for w in m.get("workers", [{"id": f"{n}/0", "replica": 0, "bundles": [], "resources": {}}]):
             workers.append(WorkerPlan(w["id"], n, w["replica"], d.pool, list(w["bundles"]),
                                       plain(w["resources"]),
-                                      [Op(**{**o.__dict__, "fields": list(o.fields)}) for o in ops]))
+                                      [Op(**{**o.__dict__, "fields": list(o.fields)}) for o in ops],
+                                      w.get("process") or w["id"]))
     return Plan(
         pipeline=p.name, source_file=ctx.source_file, seed=p.seed,
         step=StepPlan(st.prompts_per_step, st.samples_per_prompt, st.samples_per_step, st.steps,

@@ -18,9 +18,15 @@ Rules:
 4. A task without ``pool`` runs on a CPU worker outside the pools: no bundle, resources
    ``{"CPU": 0}`` (it is I/O- and Python-bound; Ray schedules it anywhere), ``replicas`` copies.
 5. A pool's ``resources`` may not name ``GPU`` or ``CPU`` (the device kind sets those): AF402.
+6. Processes (as verl's colocated workers): the workers that time-share one set of a pool's
+   devices (the same bundles) run in one process, ``POOL:B`` (``POOL:B0-B1`` for several
+   devices): torch and the engine libraries are imported once per device, not once per task.
+   Replica r of every task without a pool and without an engine runs in the process ``cpu:r``.
+   A pool's ``share_process: false`` gives each of its workers a process of its own (its id),
+   as does an engine task without a pool.
 
 Node meta: ``time_share``, ``bundles`` (every bundle index it uses), ``workers`` (list of
-``{id, replica, bundles, resources}``). Graph attribute ``placement``: ``{device_kind, pools:
+``{id, replica, bundles, resources, process}``). Graph attribute ``placement``: ``{device_kind, pools:
 {name: {devices, bundles, tasks}}}``.
 """
 from __future__ import annotations
@@ -91,7 +97,11 @@ def placement(graph: Graph, ctx: Context) -> Graph:
                             for r, v in extra.items()})
                 for r in range(d.replicas):
                     b = list(range(r * d.devices_per_replica, (r + 1) * d.devices_per_replica))
-                    workers.append({"id": f"{n}/{r}", "replica": r, "bundles": b, "resources": dict(res)})
+                    proc = f"{name}:{b[0]}" if len(b) == 1 else f"{name}:{b[0]}-{b[-1]}"
+                    if not pool.share_process:  # rule 6
+                        proc = f"{n}/{r}"
+                    workers.append({"id": f"{n}/{r}", "replica": r, "bundles": b,
+                                    "resources": dict(res), "process": proc})
             m["workers"] = workers
             m["bundles"] = sorted({b for w in workers for b in w["bundles"]})
     for t in g.tasks():  # rule 4 (and tasks on an unknown pool: validate reports those)
@@ -100,8 +110,11 @@ def placement(graph: Graph, ctx: Context) -> Graph:
             continue
         m["time_share"] = 0
         m["bundles"] = []
+        own = t.defn.engine is not None  # rule 6
         m["workers"] = [{"id": f"{t.name}/{r}", "replica": r, "bundles": [],
-                         "resources": dict(CPU_TASK_RESOURCES)} for r in range(t.defn.replicas)]
+                         "resources": dict(CPU_TASK_RESOURCES),
+                         "process": f"{t.name}/{r}" if own else f"cpu:{r}"}
+                        for r in range(t.defn.replicas)]
     g.g.graph = dict(g.g.graph, placement={"device_kind": kind, "pools": pools})
     return g
 
