@@ -640,13 +640,14 @@ class Driver:
                     details=stack)
 
     def _workers_info(self, be) -> dict:
-        """Every worker: task, pool, host, pid, node, cores (from its heartbeat or its end),
-        restarts, status."""
+        """Every worker: task, pool, process (placement rule 6), host, pid, node, cores (from its
+        heartbeat or its end), restarts, status."""
         fin = be.finished() if self.started else {}
         out = {}
         for w in self.plan.workers:
             beat = self._beats.get(w.id, {}) if hasattr(self, "_beats") else {}
-            info = {"task": w.task, "pool": w.pool, **(beat.get("where") or {})}
+            info = {"task": w.task, "pool": w.pool, "process": w.process or w.id,
+                    **(beat.get("where") or {})}
             res = fin.get(w.id)
             if res:
                 info.update(res)

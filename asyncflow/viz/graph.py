@@ -1,11 +1,11 @@
 """The dataflow graph of a plan as Graphviz dot / Mermaid text, and rendered (svg, png).
 
-Drawing conventions: tasks are grouped by pool (one cluster each, labelled with its devices;
-tasks listed in time-sharing order), pool-less tasks run on CPU workers and sit outside the
-clusters, data sources are cylinders; a data edge is labelled with its fields and streaming
-granularity (and its staleness when > 0); a weight-sync back edge is dashed and labelled with the
-model and ``max_staleness``. Only rendering (:func:`render`) needs the ``graphviz`` package and
-the ``dot`` program; :func:`to_dot` is plain text.
+Drawing conventions: tasks are grouped by pool (one cluster each, labelled with its devices and
+its processes -- placement rule 6; tasks listed in time-sharing order), pool-less tasks run on
+CPU workers and sit outside the clusters, data sources are cylinders; a data edge is labelled
+with its fields and streaming granularity (and its staleness when > 0); a weight-sync back edge
+is dashed and labelled with the model and ``max_staleness``. Only rendering (:func:`render`)
+needs the ``graphviz`` package and the ``dot`` program; :func:`to_dot` is plain text.
 """
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ def to_dot(plan) -> str:
     for p in plan.pools:
         kind = "GPU" if plan.device_kind == "GPU" else "CPU slot"
         lines.append(f"  subgraph {_q('cluster_' + p.name)} {{")
-        lines.append(f"    label={_q(f'pool {p.name} · {p.devices} {kind}' + ('s' if p.devices > 1 else ''))};"
+        nproc = len({w.process or w.id for w in plan.workers if w.pool == p.name})
+        procs = f" · {nproc} process" + ("es" if nproc != 1 else "")
+        lines.append(f"    label={_q(f'pool {p.name} · {p.devices} {kind}' + ('s' if p.devices > 1 else '') + procs)};"
                      " style=\"rounded,dashed\"; color=\"#888888\"; fontsize=11;")
         for i, n in enumerate(p.tasks):
             t = tasks[n]
