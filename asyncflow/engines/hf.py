@@ -200,8 +200,8 @@ class HFEngine:
         cache, step_ids, step_pos = None, ids, pos
         for step in range(max(caps)):
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
+                             use_cache=True, logits_to_keep=1, **{tc.cache_kw(self.model): cache})
+            cache = tc.out_cache(out)
             tok, lp = tc.sample(out.logits[:, -1].cpu(), self.temperature, self.top_p,
                                 self.generator)
             tok = torch.where(done, torch.full_like(tok, pad), tok)

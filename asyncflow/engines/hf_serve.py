@@ -255,8 +255,9 @@ class HFTurnServer(QueueServer):
         n = len(self.running)
         mask = torch.cat([self.mask, torch.ones((n, 1), dtype=self.mask.dtype, device=dev)], 1)
         out = self._model(input_ids=self.last[:, None], attention_mask=mask,
-                          position_ids=self.pos[:, None], past_key_values=self.cache)
-        self.cache, self.mask = out.past_key_values, mask
+                          position_ids=self.pos[:, None],
+                          **{tc.cache_kw(self.engine.model): self.cache})
+        self.cache, self.mask = tc.out_cache(out), mask
         self.steps += 1
         tokens, logps = self._draw(out.logits[:, -1], self.running)
         done = self._take(self.running, tokens, logps)
@@ -282,7 +283,7 @@ class HFTurnServer(QueueServer):
         keep = [i for i in range(len(reqs)) if i not in done]
         if not keep:
             return
-        layers = _layers(out.past_key_values)
+        layers = _layers(tc.out_cache(out))
         index = torch.tensor(keep, device=e.device)
         if len(keep) < len(reqs):
             layers = [(k[index], v[index]) for k, v in layers]

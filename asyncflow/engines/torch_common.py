@@ -284,3 +284,27 @@ class StepSums:
         out.update(grad_norm=float(grad_norm), tokens=float(self.tokens), rows=float(self.rows),
                    version=float(version))
         return out
+
+
+_CACHE_KW: dict = {}
+
+
+def cache_kw(model) -> str:
+    """The keyword a causal LM's ``forward`` takes its KV cache by: ``cache`` (transformers >=
+    5.24, which warns on the old name on every call) or ``past_key_values`` (earlier)."""
+    kind = type(model)
+    if kind not in _CACHE_KW:
+        import inspect
+
+        try:
+            params = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        _CACHE_KW[kind] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KW[kind]
+
+
+def out_cache(out):
+    """The KV cache of a model output, under either name (see :func:`cache_kw`)."""
+    cache = out.get("cache") if hasattr(out, "get") else None
+    return cache if cache is not None else out.past_key_values

@@ -270,7 +270,7 @@ class LocalBackend:
 
 
 # ---------------------------------------------------------------------------------------- ray
-class _HostActor:
+class WorkerProcess:
     """A Ray actor that is one process of the plan (placement rule 6: the workers that
     time-share a device share one): each of its workers
     (:class:`asyncflow.runtime.worker.Worker`) runs ``run()`` on a thread of its own, as the
@@ -519,7 +519,7 @@ class RayBackend:
 
         plan = Plan.from_dict(plan_dict)
         self._placement_groups(plan)
-        cls = self.ray.remote(_HostActor)
+        cls = self.ray.remote(WorkerProcess)
         plan_ref = self.ray.put(plan_dict)
         cores = cpu_cores(plan, int(self.ray.cluster_resources().get("CPU", 0)) if self.pin
                           else 0)
