@@ -67,12 +67,59 @@ class WeightBoard:
             return {m: v for m, (v, _) in self._latest.items()}
 
 
+class FlatWeights:
+    """A state dict of CPU tensors as one contiguous byte buffer (numpy) and a table of (name,
+    dtype, shape, offset): Ray's object store moves the buffer without pickling each tensor,
+    and the reader rebuilds every tensor with one copy of the buffer. Measured on a 2-core CPU
+    machine, ``ray.put`` + ``ray.get`` of tiny_decoder's state dict, before -> packed: 2 x 64
+    4.3 -> 2.2 ms, 4 x 128 17.2 -> 9.2 ms, 4 x 256 29.8 -> 17.9 ms (the put is the trainer's
+    PUBLISH, the get a rollout's ADOPT: both on the weight-sync critical path)."""
+
+    __slots__ = ("table", "buf")
+    ALIGN = 64  # every tensor starts on a 64-byte boundary (so a byte view casts to any dtype)
+
+    def __init__(self, table: list, buf):
+        self.table, self.buf = table, buf
+
+    @classmethod
+    def pack(cls, state: dict) -> "FlatWeights | None":
+        """``state`` packed, or None when it is not a dict of CPU tensors (sent as it is)."""
+        import numpy as np
+        import torch
+
+        if not isinstance(state, dict) or not state or not all(
+                isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in state.values()):
+            return None
+        table, off = [], 0
+        for name, t in state.items():
+            n = t.numel() * t.element_size()
+            table.append((name, t.dtype, tuple(t.shape), off, n))
+            off += -(-n // cls.ALIGN) * cls.ALIGN
+        buf = np.empty(off, np.uint8)
+        flat = torch.from_numpy(buf)
+        for (name, _, _, o, n), t in zip(table, state.values()):
+            if n:
+                flat[o:o + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        return cls(table, buf)
+
+    def unpack(self) -> dict:
+        """The state dict again: writable tensors over one private copy of the buffer."""
+        import numpy as np
+        import torch
+
+        flat = torch.from_numpy(np.array(self.buf))  # the object store's buffer is read-only
+        return {name: flat[o:o + n].view(dtype).view(shape) if n else torch.empty(shape, dtype=dtype)
+                for name, dtype, shape, o, n in self.table}
+
+
 def box_weights(weights: Any, use_ray: bool) -> list:
-    """Box the weights for the board; on Ray put them in the object store once."""
+    """Box the weights for the board; on Ray put them in the object store once (a state dict
+    of CPU tensors as :class:`FlatWeights`)."""
     if use_ray:
         import ray
 
-        return [ray.put(weights)]
+        flat = FlatWeights.pack(weights)
+        return [ray.put(flat if flat is not None else weights)]
     return [weights]
 
 
@@ -80,7 +127,8 @@ def unbox_weights(box: list, use_ray: bool) -> Any:
     if use_ray:
         import ray
 
-        return ray.get(box[0], timeout=float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120")))
+        got = ray.get(box[0], timeout=float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120")))
+        return got.unpack() if isinstance(got, FlatWeights) else got
     return box[0]
 
 
