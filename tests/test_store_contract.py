@@ -118,7 +118,8 @@ PROTOCOL_METHODS = sorted(n for n, v in vars(Store).items() if inspect.isfunctio
 def test_protocol_lists_the_store_methods():
     # a method added to the protocol needs its contract here too
     assert PROTOCOL_METHODS == sorted([
-        "register_task", "add_rows", "write", "start_rows_at", "get", "get_split", "ack", "ack_rows", "release",
+        "register_task", "add_rows", "write", "start_rows_at", "get", "get_split", "ack", "ack_many", "ack_rows",
+        "release",
         "release_rows", "renew", "renew_many", "revoke", "expire", "drop", "consumed", "pending",
         "stats", "gc", "snapshot"])  # fmt: skip
 
@@ -326,6 +327,26 @@ def test_ack_of_a_lease_across_shards_consumes_all_its_rows(store):
     assert store.ack(a, {"reward": list(range(16))})
     assert sorted(store.consumed("reward")) == rows
     assert store.get("train", 16).columns["reward"] == list(range(16))
+
+
+def test_ack_many_is_each_ack_in_turn(store):
+    """ack_many: every lease acked (no columns); a stale one answers False and is counted, as
+    its own ack would be; one of the leases spans both Ray shards. The order in which the leases
+    of one call are consumed among themselves is not defined (Ray sends them at once)."""
+    rows = add(store, 8, 2)  # 0-7 on one shard, 8-15 on the other (ray)
+    a = store.get("reward", 4)
+    b = store.get("reward", 8)  # rows 4-11: across the shards on ray
+    c = store.get("reward", 2)
+    assert store.release(c)
+    stale0 = store.stats()["stale_acks"]
+    assert store.ack_many([b.id, a, c.id]) == [True, True, False]
+    assert sorted(store.consumed("reward")) == sorted(a.rows + b.rows) == rows[:12]
+    assert store.stats()["stale_acks"] == stale0 + 1
+    assert store.stats()["leases_live"] == 0
+    assert store.ack_many([a.id, b]) == [False, False]
+    assert store.stats()["stale_acks"] == stale0 + 3
+    assert store.ack_many([]) == []
+    assert store.get("reward", 100).rows == rows[12:]  # c's rows were given back
 
 
 def test_ack_rows_partial(store):

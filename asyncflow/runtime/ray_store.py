@@ -775,6 +775,27 @@ class RayStore:
             self._stale_ack(parts)
         return _joined(answers)
 
+    def ack_many(self, lease_ids: list) -> list[bool]:
+        """As :meth:`SampleStore.ack_many`: every shard call of every lease is sent before any
+        answer is awaited, so the leases cost one round trip, not one each (and the order in
+        which they are consumed among themselves is not defined)."""
+        sent = []
+        for lease in lease_ids:
+            lid = getattr(lease, "id", lease)
+            parts = _unpack(lid, len(self._shards))
+            self._issued.pop(lid, None)
+            first = min(parts, default=0)
+            sent.append((parts, [self._shards[s].ack.remote(p, None, s == first)
+                                 for s, p in parts.items()]))
+        answers = _get([r for _, refs in sent for r in refs])
+        out, i = [], 0
+        for parts, refs in sent:
+            mine, i = answers[i:i + len(refs)], i + len(refs)
+            if mine and all(a is None for a in mine):
+                self._stale_ack(parts)
+            out.append(_joined(mine))
+        return out
+
     def _rows_op(self, method: str, lease_id: int | Lease, rows: list[int], columns: dict | None) -> bool:
         """``ack_rows`` or ``release_rows``: each shard does its part of ``rows``. A row on a
         shard where the lease has no part, or only a part that had ended, is not the lease's:

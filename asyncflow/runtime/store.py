@@ -586,6 +586,11 @@ class SampleStore:
             self._consume(rec.task, rec.pos, rec.rows)
             return True
 
+    def ack_many(self, lease_ids: list) -> list[bool]:
+        """:meth:`ack` (no columns) of each lease in turn: a trainer's micro-batch leases at the
+        end of its step, one call."""
+        return [self.ack(lid) for lid in lease_ids]
+
     def _acked(self, lease_id: int | Lease) -> _LeaseRec | None:
         """The live lease an ack names; None (counted as a stale ack) if it is not live."""
         rec = self._leases.get(getattr(lease_id, "id", lease_id))

@@ -1061,8 +1061,12 @@ class Worker:
     def _end_step(self, it: dict) -> None:
         """A train step is done: ack its rows, checkpoint, report."""
         step, rows = it["step"], it.get("rows", [])
-        for lease in it.get("leases", []):
-            self._ack(lease.id)
+        ids = [lease.id for lease in it.get("leases", [])]
+        for lid in ids:
+            self._unhold(lid)
+        if ids:  # the step's micro-batch leases in one store call
+            self._progress += len(ids)
+            self.store.ack_many(ids)
         self._stats["rows"] += len(rows)
         cols = it.get("cols") or {}
         versions = cols.get("_version") or [None] * len(rows)
