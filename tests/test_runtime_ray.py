@@ -96,3 +96,24 @@ def test_ray_share_process_false_gives_each_worker_a_process():
         pids[share] = (r.workers["score/0"]["pid"], r.workers["update/0"]["pid"])
     assert pids[True][0] == pids[True][1]
     assert pids[False][0] != pids[False][1]
+
+
+def test_ray_a_thread_death_restarts_beside_live_workers_and_fresh_when_alone():
+    """A worker whose thread dies (MemoryError) while its process lives: score/0 restarts in
+    cpu:0 beside advantage/0 (same pid); generate/0, alone in rollout:0, gets a new process."""
+    plan = make_plan(1, 1, 9, steps=6)
+    d = Driver(plan, "ray", lease_s=0.5, max_restarts=3,
+               inject=["oom@step3:score/0", "oom@step3:generate/0"])
+    pids0: dict = {}
+    d.on_step = lambda m: pids0.update(
+        {w: b["where"]["pid"] for w, b in d.control.beats().items() if b.get("where")}
+    ) if m["step"] == 0 else None
+    r = d.run()
+    w = r.workers
+    assert w["score/0"]["restarts"] == 1 and w["generate/0"]["restarts"] == 1
+    assert w["advantage/0"]["restarts"] == 0 and w["update/0"]["restarts"] == 0
+    assert pids0["score/0"] == pids0["advantage/0"] == w["score/0"]["pid"] == w["advantage/0"]["pid"]
+    assert w["generate/0"]["pid"] != pids0["generate/0"]
+    assert len(r.metrics) == 6
+    check_exactly_once(r, 6 * SPS)
+    check_train_steps(r, 1)

@@ -4,13 +4,15 @@
 module          what it owns
 ==============  ==============================================================
 ``driver``      feeds prompts, starts workers, writes metrics/trace: ``run_plan``
-``worker``      one task replica's READ / COMPUTE / WRITE loop
+``worker``      one task replica's READ / COMPUTE / WRITE loop (``serve_loop``: continuous
+                batching; ``step_reads``: a train step's reads; ``signals``: Crash, Stop)
 ``gate``        the staleness gate (who may start / consume what)
 ``weights``     weight publication and adoption (deferred sync), exposed time
 ``tasks``       reward / advantage / filter / custom functions over column batches
 ``trace``       spans -> Chrome trace; metrics.jsonl
-``backends``    local threads vs Ray actors (+ the control plane)
-``store``       the streaming sample store (``ray_store``: sharded on Ray)
+``backends``    local threads vs Ray actors, one per process of the plan (+ the control plane)
+``store``       the streaming sample store (``ray_store``: sharded on Ray; ``store_api``: the
+                ``Store`` protocol; ``codec``: column types)
 ==============  ==============================================================
 
 Nothing is imported eagerly: ``import asyncflow.runtime`` never imports Ray.

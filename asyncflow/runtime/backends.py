@@ -44,9 +44,12 @@ class Control:
         self._beats: dict[str, dict] = {}  # worker -> its last heartbeat (op, since, progress)
 
     def beat(self, worker: str, info: dict) -> dict:
-        """A worker's liveness heartbeat (from its heartbeat thread, also while it computes)."""
+        """A worker's liveness heartbeat (from its heartbeat thread, also while it computes);
+        ``where`` comes with the first only and is kept."""
         with self._lock:
-            self._beats[worker] = {**info, "received": time.time()}
+            where = (self._beats.get(worker) or {}).get("where")
+            self._beats[worker] = {**({"where": where} if where else {}), **info,
+                                   "received": time.time()}
             return {"stop": self._stop}
 
     def beats(self) -> dict:
@@ -556,12 +559,16 @@ class RayBackend:
         self.refs[wid] = host.run.remote(plan_ref, wid, store, control, t0, wopts)
 
     def restart(self, wid: str, options: dict) -> None:
-        """A new worker for ``wid``, which ended. Its process lives on when only its thread
-        died; when the process is gone (killed, crashed: every worker in it ends), the first of
-        its workers to restart starts a new one on the same bundle and the others join it."""
+        """A new worker for ``wid``, which ended. When the process is gone (killed, crashed:
+        every worker in it ends), the first of its workers to restart starts a new one on the
+        same bundle and the others join it; a worker alone in its process gets a new one too
+        (fresh process-wide state, e.g. vLLM's). Only a worker whose thread died beside live
+        ones restarts in the process it was in."""
         proc = self._proc_of[wid]
         old = self.actors.get(wid)
-        if self.results.get(wid, {}).get("status") != "died" and self.hosts.get(proc) is old:
+        alone = sum(1 for p in self._proc_of.values() if p == proc) == 1
+        gone = self.results.get(wid, {}).get("status") != "died"
+        if (gone or alone) and self.hosts.get(proc) is old:
             try:
                 self.ray.kill(old, no_restart=True)
             except Exception:

@@ -1,0 +1,255 @@
+"""Reads inside one train step for :class:`asyncflow.runtime.worker.Worker` (a mixin of it):
+a ``micro_batch``/``step`` READ leases step n's rows ``op.rows`` at a time -- in_order windows,
+first_ready, redundancy and refills (:class:`asyncflow.runtime.windows.Windows`), the
+staleness check of gate rule 4 -- and a streaming trainer drains them as micro-batches. The
+simulator (:mod:`asyncflow.simulate.core`) runs these same methods."""
+from __future__ import annotations
+
+import time
+
+from asyncflow.plan import Op
+from asyncflow.runtime.signals import Stop
+
+
+class StepReads:
+    """``Worker.step_reads`` and the helpers of a step's reads; the state is the Worker's."""
+
+    def _read_step(self, op: Op, it: dict) -> bool:
+        """READ inside one step, ``op.rows`` at a time (:meth:`_step_leases`). A streaming
+        trainer (``stream: true``) gets the reads as a generator that its COMPUTE drains micro-
+        batch by micro-batch; otherwise every lease is taken first and their columns are joined
+        in row order."""
+        if "step" not in it:  # a step READ of a batches loop: replica r takes r, r + R, ...
+            if self._cursor >= self.st.steps:
+                raise Stop()
+            it["step"] = self._cursor
+            self._cursor += self.task.replicas
+        leases = self._step_leases(op, it["step"], it.setdefault("leases", []))
+        if self.loop == "train" and self.task.stream and hasattr(self.engine, "train_stream"):
+            it["stream"] = leases
+            return True
+        for _ in leases:
+            pass
+        return self._join(it)
+
+    def _join(self, it: dict) -> bool:
+        leases = it.get("leases") or []
+        if not leases:
+            it.update(rows=[], cols={})
+            return self.loop == "train"  # a trainer still trains (nothing) and publishes
+        cols: dict = {f: [x for l in leases for x in l.columns[f]] for f in leases[0].columns}
+        order = sorted(range(len(cols["_row"])), key=cols["_row"].__getitem__)
+        it.update(lease=leases[0] if len(leases) == 1 else None, cols={
+            f: [v[i] for i in order] for f, v in cols.items()}, version=self._version())
+        it["rows"] = list(it["cols"]["_row"])
+        return True
+
+    def _lease_step(self, want: int, *, step: int, min_rows: int, split: int | None = None,
+                    **kw) -> list:
+        """One store read of a step READ: its leases, ``[]`` when not ``min_rows`` rows are
+        ready yet. With ``split`` < ``want``, up to ``want`` rows as leases of ``split`` rows
+        (the READ's micro-batches) in one store call (:meth:`SampleStore.get_split`). A trainer
+        drops rows beyond its staleness bound (gate rule 4: counted, and replaced when
+        ``staleness`` is a replaced reason) and reads again."""
+        timeout = float(self.opt.get("train_read_timeout_s", 0.05))
+        if split and split < want and not kw.get("whole_groups"):
+            kw = {k: v for k, v in kw.items() if k not in ("whole_groups", "group_size")}
+            leases = self.store.get_split(self.task.name, want, split, min_rows=min_rows,
+                                          timeout=timeout, fields=self.fields, owner=self.id,
+                                          **kw)
+        else:
+            lease = self.store.get(self.task.name, want, min_rows=min_rows, timeout=timeout,
+                                   fields=self.fields, owner=self.id, **kw)
+            leases = [] if lease is None else [lease]
+        if not leases:
+            self._sync(force=True)  # learn of removals: the window may have moved
+            return []
+        for lease in leases:
+            self._hold(lease, kw.get("lease_s"))
+        self._check()
+        if self.loop == "train" and not self.follows:
+            bad = [r for lease in leases for r, v in
+                   zip(lease.rows, lease.columns.get("_version") or [None] * len(lease.rows))
+                   if not self.accept.accepts(step, v)]
+            if bad:
+                now = time.time()
+                self.rec.span("DROP", len(bad), now, now, step=step)
+                self._remove(bad, "staleness")
+                for lease in leases:
+                    self._release(lease.id)
+                return []
+        self._stats["leases"] += len(leases)
+        return leases
+
+    def _remove(self, rows: list[int], reason: str) -> None:
+        """Drop ``rows`` from the store -- whole groups: a group missing a row can be neither
+        normalised nor trained (and a replaced reason replaces whole groups) -- and tell every
+        worker (the control's ``dropped`` stream)."""
+        spp = self.st.samples_per_prompt
+        rows = sorted({g * spp + i for g in {int(r) // spp for r in rows} for i in range(spp)}
+                      - set(self.windows.gone))
+        if not rows:
+            return
+        self.store.drop(rows, reason)
+        self.control.note_drops(rows, reason)
+        self.windows.note(rows, reason)
+
+    def _step_leases(self, op: Op, step: int, leases: list):
+        """:meth:`step_reads` with its waits: a None there is a read that found nothing (the
+        store's ``get`` waited ``train_read_timeout_s`` already; a follower polls the control
+        for the primary's choice)."""
+        for lease in self.step_reads(op, step, leases):
+            if lease is not None:
+                yield lease
+            elif self.follows:
+                time.sleep(self.backoff * 4)
+
+    def step_reads(self, op: Op, step: int, leases: list):
+        """Lease step ``step``'s rows as they become ready, yielding each lease, or None after a
+        read that found nothing (the caller waits: :meth:`_step_leases` in real time,
+        ``asyncflow simulate`` in virtual time). Module :mod:`asyncflow.runtime.windows` says
+        which rows: ``in_order`` takes the step's window (with redundancy: its first
+        ``prompts_per_step`` ready groups, cancelling the rest); ``first_ready`` the lowest ready
+        fresh-enough groups; a train task that is not the primary trains exactly the rows the
+        primary chose."""
+        spp, pps = self.st.samples_per_prompt, self.st.prompts_per_step
+        lease_s = op.lease_s or None
+        t = time.time()
+
+        def got(lease):
+            self.rec.span("READ", len(lease.rows), t,
+                          version=step if self.loop == "train" else self._version(), step=step)
+            leases.append(lease)
+            return lease
+
+        if self.follows:  # another train task chose this step's rows
+            rows = None
+            while rows is None:
+                if self._sync():
+                    raise Stop()
+                rows = self.control.chosen(step)
+                if rows is None:
+                    yield None
+            need = set(rows)
+            while need:
+                if self._sync():
+                    raise Stop()
+                got_ = self._lease_step(min(op.rows, len(need)), step=step, min_rows=1,
+                                        max_row=max(need) + 1, filter_fn=_InSet(need),
+                                        lease_s=lease_s)
+                for lease in got_:
+                    need.difference_update(lease.rows)
+                    yield got(lease)
+                if not got_:
+                    yield None
+                t = time.time()
+            return
+        taken: list[int] = []
+        if self.loop == "train" and self.consume == "first_ready":
+            goal = pps * spp
+            while len(taken) < goal:
+                if self._sync():
+                    raise Stop()
+                want = max(spp, min(op.rows, goal - len(taken)) // spp * spp)
+                got_ = self._lease_step(want, step=step, min_rows=spp, whole_groups=True,
+                                        group_size=spp, lease_s=lease_s)
+                for lease in got_:
+                    taken.extend(lease.rows)
+                    yield got(lease)
+                if not got_:
+                    yield None
+                t = time.time()
+        else:
+            redundant = self.loop == "train" and self.launch > pps
+            g0 = self._g0 if (self.st.replace or redundant) else step * self.launch
+            have: set[int] = set()
+            while True:
+                g_end, live = self.windows.window(g0)
+                lo, hi = g0 * spp, g_end * spp
+                if redundant:  # whole groups, no row of them removed, until pps are taken
+                    counts: dict[int, int] = {}
+                    for r in live:
+                        counts[r // spp] = counts.get(r // spp, 0) + 1
+                    left = [g for g, c in counts.items() if c == spp and g * spp not in have]
+                    need = min(pps - len(have) // spp, len(left))
+                    if need <= 0:
+                        break
+                    want, least, split = max(spp, min(op.rows, need * spp) // spp * spp), spp, None
+                else:
+                    left = len(live) - len(have.intersection(live))
+                    if not left:
+                        break
+                    # the rest of the window in one store call, as micro-batches of op.rows
+                    want, least, split = left, min(op.rows, left), op.rows
+                if self._sync():
+                    raise Stop()
+                got_ = self._lease_step(
+                    want, step=step, min_rows=least, max_row=hi, whole_groups=redundant,
+                    group_size=spp, lease_s=lease_s, split=split,
+                    filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None)
+                for lease in got_:
+                    have.update(lease.rows)
+                    yield got(lease)
+                if not got_:
+                    yield None
+                t = time.time()
+            taken = sorted(have)
+            if redundant:  # the rest of the window is not needed: cancel it
+                g_end, live = self.windows.window(g0)
+                cancel = [r for r in live if r not in have]
+                if cancel:
+                    self._remove(cancel, "redundant")
+            if self.st.replace or redundant:
+                self._g0 = g_end
+        if self.leads:
+            self.control.choose(step, taken)
+
+    def _next_row(self, step: int, rows: list[int]) -> int:
+        """Where a run resumed after train step ``step`` numbers its rows from: the next
+        window; with first_ready, past the highest row trained (samples in flight then are
+        replaced by new prompts, never trained twice)."""
+        spp = self.st.samples_per_prompt
+        if self.consume == "first_ready":
+            self._top = max([self._top] + [int(r) for r in rows])
+            return (self._top // spp + 1) * spp
+        if self.st.replace or self.launch != self.st.prompts_per_step:
+            return self._g0 * spp
+        return (step + 1) * self.launch * spp
+
+    def _micro_batches(self, it: dict, size: int):
+        """A streaming trainer's micro-batches (at most ``size`` rows: the COMPUTE op's),
+        role-keyed, as their leases arrive: the engine's forward/backward of one runs while the
+        next is read (a COMPUTE span per micro-batch)."""
+        self._enter("READ")
+        for lease in it["stream"]:
+            cols, n = lease.columns, len(lease.rows)
+            step = size if 0 < size < n else n
+            for i in range(0, n, step):
+                part = cols if step == n else {f: v[i:i + step] for f, v in cols.items()}
+                self._enter("COMPUTE")
+                t = self.rec.compute_begin()
+                yield self._to_roles(part)
+                end = self.rec.compute_end()
+                self._enter("READ")  # waiting for the next micro-batch's rows
+                self._progress += 1
+                self.rec.span("COMPUTE", min(step, n - i), t, end, it["step"], it["step"])
+
+
+class _InSet:
+    """A picklable row filter: rows in ``rows``."""
+
+    def __init__(self, rows):
+        self.rows = frozenset(int(r) for r in rows)
+
+    def __call__(self, r: dict) -> bool:
+        return r["_row"] in self.rows
+
+
+class _AtLeast:
+    """A picklable row filter: rows with index >= lo."""
+
+    def __init__(self, lo: int):
+        self.lo = lo
+
+    def __call__(self, r: dict) -> bool:
+        return r["_row"] >= self.lo
