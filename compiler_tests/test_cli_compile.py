@@ -25,6 +25,18 @@ def test_compile_prints_tables():
         assert word in r.stdout, word
 
 
+def test_compile_prints_the_processes():
+    """Placement rule 6 as the user sees it: which workers share a process."""
+    r = af("compile", GRPO)
+    assert r.returncode == 0, r.stderr
+    assert "processes (3 for 5 workers; one Ray actor each)" in r.stdout
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in r.stdout.splitlines() if line.count("│") == 3}
+    assert rows["rollout:0"] == "generate/0, ref/0"
+    assert rows["cpu:0"] == "score/0, advantage/0"
+    assert rows["train:0"] == "update/0"
+
+
 def test_compile_json_round_trips():
     from asyncflow.plan import Plan
 

@@ -49,6 +49,11 @@ def plan_html(plan, svg: str | None = None) -> str:
     parts.append(_table(f"pools ({plan.device_kind} devices)", ["pool", "devices", "bundle", "tasks"],
                         [[p.name, p.devices, p.bundles[0].resources if p.bundles else {},
                           " → ".join(p.tasks)] for p in plan.pools]))
+    procs: dict[str, list[str]] = {}
+    for w in plan.workers:  # placement rule 6: the workers that time-share a device share one
+        procs.setdefault(w.process or w.id, []).append(w.id)
+    parts.append(_table("processes (one Ray actor each)", ["process", "workers"],
+                        [[proc, ", ".join(ws)] for proc, ws in procs.items()]))
     parts.append(_table("channels", ["channel", "fields", "granularity", "staleness", "capacity"],
                         [[c.id, ", ".join(c.fields), c.granularity, c.staleness, c.capacity]
                          for c in plan.channels]))
