@@ -61,3 +61,16 @@ def test_what_is_not_a_state_dict_of_cpu_tensors_is_sent_as_it_is(weights):
 def test_every_tensor_starts_aligned():
     flat = FlatWeights.pack(_state())
     assert all(off % FlatWeights.ALIGN == 0 for _, _, _, off, _ in flat.table)
+
+
+def test_packing_never_imports_torch():
+    """A sim trainer's weights are not tensors: publishing them must not import torch (seconds
+    of CPU in a process that never needed it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from asyncflow.runtime.weights import FlatWeights, box_weights; "
+            "assert FlatWeights.pack({'w': [1.0]}) is None; box_weights({'w': 1}, False); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

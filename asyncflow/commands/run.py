@@ -75,8 +75,8 @@ def register(app: typer.Typer) -> None:
                 help="fault injection, repeatable: KIND@WHEN:TARGET. KIND: kill (the worker's "
                      "process; or an actor: control, store[/N], Ray only) | hang (stops making "
                      "progress) | nan (its outputs become NaN) | oom (MemoryError in its compute) "
-                     "| raise | exit (its function raises / calls sys.exit). WHEN: stepN (train "
-                     "step N) | Ns (seconds into the run). TARGET: task, task/REPLICA, control, "
+                     "| raise | exit (its function raises / calls sys.exit). WHEN: stepN (when the "
+                     "worker starts on train step N's rows) | Ns (seconds into the run). TARGET: task, task/REPLICA, control, "
                      "store/N. E.g. kill@step5:generate/0, hang@20s:score, nan@step3:score")) -> None:
         """Compile and run a pipeline; write RUN_DIR/{plan.json,metrics.jsonl,trace.json}.
 

@@ -34,6 +34,7 @@ class Control:
         self._exposed: dict[str, float] = {}
         self._stats: dict[str, dict] = {}
         self._rewards: list = []
+        self._events: list = []  # run events from workers (an injected kill, when it struck)
         self._drop_log: list[tuple[float, int, str]] = []  # (time, rows, reason)
         self._removed: set[int] = set()  # rows dropped from the store
         self._removals: list[tuple[list[int], str]] = []  # every note_drops, in order
@@ -76,6 +77,7 @@ class Control:
             self._stats[worker] = state.get("stats", {})
             self._seen[worker] = time.time()
             self._rewards.extend(state.get("rewards", ()))
+            self._events.extend(state.get("events", ()))
             for rows, reason in state.get("drops", ()):
                 self._drop_log.append((time.time(), len(rows), reason))
             stop = self._stop
@@ -148,8 +150,9 @@ class Control:
             out = {"spans": self._spans, "reports": self._reports, "rewards": self._rewards,
                    "drops": self._drop_log, "errors": list(self._errors),
                    "busy": dict(self._busy), "exposed": dict(self._exposed),
-                   "stats": dict(self._stats), "time": time.time()}
+                   "stats": dict(self._stats), "events": self._events, "time": time.time()}
             self._spans, self._reports, self._rewards, self._drop_log = [], [], [], []
+            self._events = []
             return out
 
 

@@ -144,6 +144,17 @@ def parse_inject(spec: str, plan: Plan, backend: str = "ray") -> dict:
     return out
 
 
+def _by_worker(fault: dict) -> bool:
+    """Whether the targeted worker applies ``fault`` itself, at the step it names: every kind
+    but a ``kill`` timed in seconds or aimed at an actor. A worker kills itself when it starts
+    on step N's rows, so the kill always strikes while the worker still has work (a driver's
+    kill, sent when it has seen step N end, could arrive after a fast worker had finished)."""
+    if fault["kind"] != "kill":
+        return True
+    return fault.get("at_step") is not None and fault["target"].partition("/")[0] not in (
+        "control", "store")
+
+
 def _hits(fault: dict, wid: str) -> bool:
     t = fault["target"]
     return wid == t or ("/" not in t and wid.partition("/")[0] == t)
@@ -379,6 +390,7 @@ class Driver:
                 except Exception as e:
                     raise self._lost("control actor", e) from None
                 spans.extend(c["spans"])
+                self.events.extend(c.get("events", ()))
                 for rows, values in c["rewards"]:
                     rewards.update(zip(rows, values))
                 for _, n, reason in c["drops"]:
@@ -449,6 +461,7 @@ class Driver:
             try:
                 c = ctl.collect()
                 spans.extend(c["spans"])
+                self.events.extend(c.get("events", ()))
             except Exception:
                 pass
             workers = self._workers_info(be) if self.started else {}
@@ -520,7 +533,7 @@ class Driver:
     def _start_options(self) -> dict:
         """The workers' options; a worker targeted by ``--inject`` gets its faults."""
         base = {k: v for k, v in self.options.items() if k != "per_worker"}
-        worker_faults = [f for f in self.inject if f["kind"] != "kill"]
+        worker_faults = [f for f in self.inject if _by_worker(f)]
         if not worker_faults or self.resume:  # a restarted run does not inject again
             return base
         per = {}
@@ -531,11 +544,12 @@ class Driver:
         return {**base, "per_worker": per}
 
     def _inject_kills(self, be, step: int) -> None:
-        """``kill@...`` faults that are due: the worker's process (Ray: ``ray.kill``; local: the
-        thread stops at its next op boundary, acking nothing) or an actor."""
+        """``kill@Ns`` faults that are due and every ``kill`` of an actor: the worker's process
+        (Ray: ``ray.kill``; local: the thread stops at its next op boundary, acking nothing) or
+        the actor. A ``kill@stepN`` of a worker is the worker's own (:func:`_by_worker`)."""
         now = time.time()
         for i, f in enumerate(self.inject):
-            if f["kind"] != "kill" or i in self._fired:
+            if f["kind"] != "kill" or _by_worker(f) or i in self._fired:
                 continue
             due = (step >= f["at_step"]) if f["at_step"] is not None else \
                 (now - self.t0 >= f["at_s"])

@@ -83,11 +83,13 @@ class FlatWeights:
 
     @classmethod
     def pack(cls, state: dict) -> "FlatWeights | None":
-        """``state`` packed, or None when it is not a dict of CPU tensors (sent as it is)."""
-        import numpy as np
-        import torch
+        """``state`` packed, or None when it is not a dict of CPU tensors (sent as it is).
+        Never imports torch: weights can only be tensors where torch is already imported (a
+        sim engine's trainer does not pay torch's import at its first publish)."""
+        import sys
 
-        if not isinstance(state, dict) or not state or not all(
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(state, dict) or not state or not all(
                 isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in state.values()):
             return None
         table, off = [], 0
@@ -95,6 +97,8 @@ class FlatWeights:
             n = t.numel() * t.element_size()
             table.append((name, t.dtype, tuple(t.shape), off, n))
             off += -(-n // cls.ALIGN) * cls.ALIGN
+        import numpy as np
+
         buf = np.empty(off, np.uint8)
         flat = torch.from_numpy(buf)
         for (name, _, _, o, n), t in zip(table, state.values()):

@@ -56,8 +56,9 @@ from asyncflow.runtime.weights import Adopter, publish
 from asyncflow.runtime.windows import Windows
 
 
-#: the fault kinds a worker applies itself (``asyncflow run --inject``; the driver does ``kill``)
-WORKER_FAULTS = ("hang", "nan", "oom", "raise", "exit")
+#: the fault kinds a worker applies itself (``asyncflow run --inject``): all but a ``kill`` timed
+#: in seconds or aimed at an actor, which the driver does
+WORKER_FAULTS = ("hang", "nan", "oom", "raise", "exit", "kill")
 
 
 def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
@@ -190,6 +191,7 @@ class Worker(ServeLoop, StepReads):
         self._last_sync = 0.0
         self._rewards: list = []  # (rows, values) to report
         self._drops: list = []  # (rows, reason) to report
+        self._events: list = []  # run events to report (an injected kill: when it struck)
         self._stats = {"rows": 0, "leases": 0, "empty_reads": 0, "stale_dropped": 0}
         # liveness: the leases this worker holds (renewed by the heartbeat thread while it
         # computes), the op it is in and since when, and a counter of work done (the watchdog's)
@@ -247,8 +249,9 @@ class Worker(ServeLoop, StepReads):
             if hasattr(self.engine, k):
                 self._stats[k] = int(getattr(self.engine, k))
         state = {"busy": self.rec.busy(), "exposed_s": self.adopter.exposed_s if self.adopter else 0.0,
-                 "rewards": self._rewards, "drops": self._drops, "stats": dict(self._stats)}
-        self._rewards, self._drops = [], []
+                 "rewards": self._rewards, "drops": self._drops, "stats": dict(self._stats),
+                 "events": self._events}
+        self._rewards, self._drops, self._events = [], [], []
         reply = self.control.sync(self.id, self.rec.drain(), state, known, wait_s=wait_s)
         self._stopped = bool(reply.get("stop"))
         if reply.get("newer"):
@@ -421,6 +424,16 @@ class Worker(ServeLoop, StepReads):
                 raise Stop()
             if f["kind"] == "oom":
                 raise MemoryError(f"injected (--inject {spec})")
+            if f["kind"] == "kill":  # the process dies here (Ray: SIGKILL), acking nothing
+                self._events.append({"t": time.time(), "event": "kill", "worker": self.id,
+                                     "spec": spec})
+                self._sync(force=True)  # the driver learns when it struck
+                if self.use_ray:
+                    import os
+                    import signal
+
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise Crash()  # local: the thread dies as a killed worker (Worker.kill)
             err = "RuntimeError: injected fault" if f["kind"] == "raise" else "SystemExit: 1"
             raise TaskError("AF610", self.task, fn=self.task.fn or self.task.engine or self.task.kind,
                             error=f"{err} (--inject {spec})", row=rows[0] if rows else 0,
