@@ -302,6 +302,7 @@ class Driver:
                                     "cause": r.cause})
 
     def _run_once(self) -> RunResult:
+        self._deferred: _Restart | None = None  # a train worker's death, raised next turn
         plan = self.plan
         st = plan.step
         prompts = load_prompts(plan, self.options["search_path"])
@@ -431,8 +432,14 @@ class Driver:
                     fed = self._feed(store, prompts, fed,
                                      feed_target(st, version, ahead, drops, offset))
                     # a death already seen is handled (restart, checkpoint) even on the last
-                    # step: a run never ends as if a killed worker had not died
-                    self._supervise(be, store, ctl)
+                    # step: a run never ends as if a killed worker had not died. A train
+                    # worker's death restarts the run one turn later, once the reports it sent
+                    # before dying are in (they close the checkpoints it saved)
+                    if self._deferred is not None:
+                        raise self._deferred
+                    self._supervise(be, store, ctl, defer=True)
+                    if self._deferred is not None:
+                        continue
                     if trainers and all(done[t] >= st.steps for t in trainers):
                         break
                     if not trainers and fed >= st.steps * launch and self._all_consumed(store, fed):
@@ -565,7 +572,7 @@ class Driver:
     def _lost(self, what: str, e: Exception) -> RunError:
         return fault("AF632", what=what, cause=f"{e.__class__.__name__}: {e}")
 
-    def _supervise(self, be, store, ctl) -> None:
+    def _supervise(self, be, store, ctl, defer: bool = False) -> None:
         """A worker that died (its process, its thread, out of memory) is known at once: its
         leases are revoked, and it is restarted (``max_restarts``) with the current weights; a
         train worker restarts the run from the newest checkpoint (:class:`_Restart`)."""
@@ -590,6 +597,9 @@ class Driver:
                 self._status[wid] = "dead"
                 if not self.checkpoint_every:
                     raise fault("AF633", worker=wid, task=task.name, cause=cause)
+                if defer:  # the run loop raises it after one more collect (see there)
+                    self._deferred = _Restart(wid, cause, now)
+                    return
                 raise _Restart(wid, cause, now)
             n = self.restarts.get(wid, 0)
             if n >= self.max_restarts:
