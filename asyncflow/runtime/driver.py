@@ -151,8 +151,12 @@ def _by_worker(fault: dict) -> bool:
     kill, sent when it has seen step N end, could arrive after a fast worker had finished)."""
     if fault["kind"] != "kill":
         return True
-    return fault.get("at_step") is not None and fault["target"].partition("/")[0] not in (
-        "control", "store")
+    return fault.get("at_step") is not None and not _is_actor(fault["target"])
+
+
+def _is_actor(target: str) -> bool:
+    """``control`` or ``store[/N]``: a Ray actor of the run, not a worker."""
+    return target.partition("/")[0] in ("control", "store")
 
 
 def _hits(fault: dict, wid: str) -> bool:
@@ -564,7 +568,7 @@ class Driver:
                 continue
             self._fired.add(i)
             self.events.append({"t": now, "event": "kill", "worker": f["target"], "spec": f["spec"]})
-            if f["target"] == "control" or f["target"].startswith("store"):
+            if _is_actor(f["target"]):
                 be.kill_actor(f["target"])
             else:
                 be.kill(f["target"])

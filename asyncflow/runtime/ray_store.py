@@ -757,6 +757,23 @@ class RayStore:
     def ack(self, lease_id: int | Lease, columns: dict | None = None) -> bool:
         """As :meth:`SampleStore.ack`. With ``columns``, pass the Lease (or use the handle that
         got it): the handle must know the lease's rows to route them."""
+        parts, refs = self._send_ack(lease_id, columns)
+        return self._acked(parts, _get(refs))
+
+    def ack_many(self, lease_ids: list) -> list[bool]:
+        """As :meth:`SampleStore.ack_many`: every shard call of every lease is sent before any
+        answer is awaited, so the leases cost one round trip, not one each (and the order in
+        which they are consumed among themselves is not defined)."""
+        sent = [self._send_ack(lease) for lease in lease_ids]
+        answers = _get([r for _, refs in sent for r in refs])
+        out, i = [], 0
+        for parts, refs in sent:
+            out.append(self._acked(parts, answers[i:i + len(refs)]))
+            i += len(refs)
+        return out
+
+    def _send_ack(self, lease_id: int | Lease, columns: dict | None = None) -> tuple[dict, list]:
+        """Send a lease's ack to each shard it has a part on: (its parts, the calls' refs)."""
         lid = getattr(lease_id, "id", lease_id)
         parts = _unpack(lid, len(self._shards))
         rows = getattr(lease_id, "rows", None) or self._issued.get(lid)
@@ -770,31 +787,14 @@ class RayStore:
                     for s, p in parts.items()]
         else:
             refs = [self._shards[s].ack.remote(p, _pack_cols(columns), s == first) for s, p in parts.items()]
-        answers = _get(refs)
+        return parts, refs
+
+    def _acked(self, parts: dict[int, int], answers: list) -> bool:
+        """A lease's ack from its parts' answers: a stale ack (every part had ended) is counted
+        once."""
         if answers and all(a is None for a in answers):
             self._stale_ack(parts)
         return _joined(answers)
-
-    def ack_many(self, lease_ids: list) -> list[bool]:
-        """As :meth:`SampleStore.ack_many`: every shard call of every lease is sent before any
-        answer is awaited, so the leases cost one round trip, not one each (and the order in
-        which they are consumed among themselves is not defined)."""
-        sent = []
-        for lease in lease_ids:
-            lid = getattr(lease, "id", lease)
-            parts = _unpack(lid, len(self._shards))
-            self._issued.pop(lid, None)
-            first = min(parts, default=0)
-            sent.append((parts, [self._shards[s].ack.remote(p, None, s == first)
-                                 for s, p in parts.items()]))
-        answers = _get([r for _, refs in sent for r in refs])
-        out, i = [], 0
-        for parts, refs in sent:
-            mine, i = answers[i:i + len(refs)], i + len(refs)
-            if mine and all(a is None for a in mine):
-                self._stale_ack(parts)
-            out.append(_joined(mine))
-        return out
 
     def _rows_op(self, method: str, lease_id: int | Lease, rows: list[int], columns: dict | None) -> bool:
         """``ack_rows`` or ``release_rows``: each shard does its part of ``rows``. A row on a
