@@ -38,6 +38,12 @@ CODES = [
          "train worker {worker} (task '{task}') died ({cause}) and the run has no checkpoint to "
          "restart it from (run with --checkpoint-every K)"),
     Code("AF634", "bad-inject", "--inject {spec}: {part} {why}"),
+    # asyncflow run --log (asyncflow.runtime.loggers), before any worker starts
+    Code("AF670", "logger-not-installed",
+         "--log {name}: the {module} library is not installed (it is the optional extra "
+         "asyncflow[{extra}])"),
+    Code("AF671", "logger-unknown", "--log {name}: no such logger (the loggers: {known})"),
+    Code("AF672", "logger-failed-to-start", "--log {name}: the logger could not start: {error}"),
     # asyncflow simulate (asyncflow.simulate)
     Code("AF640", "simulate-no-cost",
          "nothing in pipeline '{pipeline}' takes time: no task has a cost hint (engine: sim "
