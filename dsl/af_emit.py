@@ -19,7 +19,7 @@ from asyncflow.dsl.emit import to_plain
 WIDTH = 100
 INDENT = "  "
 KEYWORDS = frozenset({"pipeline", "seed", "model", "data", "pool", "step", "task", "sync", "copy",
-                      "frozen", "true", "false", "null"})
+                      "frozen", "true", "false", "null", "eval"})
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 # characters that JSON leaves raw but that end a line for str.splitlines()
@@ -218,5 +218,7 @@ def emit_af(p: ast.Pipeline) -> str:
     while tasks and tasks[-1] == "":
         tasks.pop()
     blocks.append(tasks)
+    if "eval" in d:  # `eval { data=test every=10 }`: braces, since `data` is a keyword
+        blocks.append([statement("eval", d["eval"]) if d["eval"] else "eval {}"])
     blocks.append([sync(s) for s in d.get("sync", [])])
     return "\n\n".join("\n".join(b) for b in blocks if b) + "\n"

@@ -22,9 +22,10 @@ from asyncflow.dsl.loc import SourceLoc
 from asyncflow.dsl.tree import Entry, Map, Node, Scalar, Seq
 
 # statements and the YAML section each one fills
-STATEMENTS = ("pipeline", "seed", "model", "data", "pool", "step", "task", "sync")
+STATEMENTS = ("pipeline", "seed", "model", "data", "pool", "step", "task", "sync", "eval")
 SECTION = {"model": "models", "data": "data", "pool": "pools", "task": "tasks"}
-TOP_ORDER = ("pipeline", "description", "seed", "models", "data", "pools", "step", "tasks", "sync")
+TOP_ORDER = ("pipeline", "description", "seed", "models", "data", "pools", "step", "tasks", "eval",
+             "sync")
 # how each statement is written, for the hint of a malformed one
 FORMS = {
     "pipeline": 'pipeline NAME "description"',
@@ -36,6 +37,7 @@ FORMS = {
     "step": "step prompts_per_step=N samples_per_prompt=N steps=N",
     "task": "task NAME: KIND(input, ...) -> output, ... { key=value ... }",
     "sync": "sync FROM -> TO max_staleness=N",
+    "eval": "eval { data=SOURCE every=N key=value ... }",
 }
 MAX_DEPTH = 64  # nesting of [ ( { beyond this is refused (AF120) before parsing
 
@@ -45,7 +47,7 @@ _INT_RE = re.compile(r"^[+-]?\d+(_\d+)*$")
 _PUNCT = {"EQUAL": "=", "COLON": ":", "COMMA": ",", "LPAR": "(", "RPAR": ")", "LSQB": "[",
           "RSQB": "]", "LBRACE": "{", "RBRACE": "}", "ARROW": "->"}
 _KEYWORDS = {"PIPELINE", "SEED", "MODEL", "DATA", "POOL", "STEP", "TASK", "SYNC", "COPY", "FROZEN",
-             "TRUE", "FALSE", "NULL"}
+             "TRUE", "FALSE", "NULL", "EVAL"}
 _STMT_TYPES = {s.upper() for s in STATEMENTS}
 _VALUE_START = {"STRING", "NUMBER", "WORD", "REF", "LSQB", "LBRACE"}
 
@@ -307,6 +309,11 @@ class ToTree(Transformer):
         self.absorb(s.body, c[4:])
         return s
 
+    def eval_stmt(self, meta, c):
+        s = self.stmt(meta, c[0])
+        self.absorb(s.body, c[1:])
+        return s
+
     def start(self, meta, stmts):
         return stmts
 
@@ -328,8 +335,8 @@ def assemble(stmts: list[Stmt], path: str, diags: Diagnostics) -> Map:
                 put("description", s.description.loc, s.description)
         elif s.kind == "seed":
             put("seed", s.kw_loc, s.node)
-        elif s.kind == "step":
-            put("step", s.kw_loc, s.body)
+        elif s.kind in ("step", "eval"):
+            put(s.kind, s.kw_loc, s.body)
         elif s.kind == "sync":
             seq = top.setdefault("sync", Entry(s.kw_loc, Seq([], s.loc))).value
             seq.items.append(s.body)

@@ -16,6 +16,7 @@ StepDef        ``step``: prompts_per_step, samples_per_prompt, steps
 TaskDef        ``tasks.NAME``: kind, engine/model/pool or fn, inputs/outputs, args,
                scheduling keys
 SyncDef        one ``sync`` item: from (a train task), to, max_staleness
+EvalDef        ``eval``: a held-out data source, how often, the metric, how to sample
 =============  =============================================================
 """
 from __future__ import annotations
@@ -122,6 +123,26 @@ class SyncDef:
 
 
 @dataclass(frozen=True)
+@dataclass(frozen=True)
+class EvalDef:
+    """``eval:`` evaluation during training on the rollout engine (docs/language.md, "Evaluation")."""
+
+    data: str  # the held-out data source (never fed to the training store)
+    every: int | None = None  # policy versions between evaluations (None: step 0 and the end)
+    rollout: str | None = None  # the rollout task whose engine generates (None: the one there is)
+    metric: str | None = None  # the reward task whose fn scores (None: the one there is)
+    fn: str | None = None  # or a "module:function" scoring like a reward task's fn
+    inputs: tuple[str, ...] = ()  # fn's inputs in the declared order (default: the metric's)
+    name: str | None = None  # reported as eval/<name> (default: the metric's first output / fn)
+    greedy: bool = True  # greedy decoding; false: sampled at `temperature`
+    temperature: float | None = None  # when greedy is false (default: the rollout's)
+    samples_per_prompt: int = 1
+    max_prompts: int | None = None  # the first N rows of the source (None: all)
+    args: dict = field(default_factory=dict)  # keywords for fn (default: the metric task's args)
+    loc: SourceLoc = _loc()
+    locs: Mapping[str, SourceLoc] = _locs()
+
+
 class Pipeline:
     name: str
     tasks: dict[str, TaskDef]
@@ -133,5 +154,6 @@ class Pipeline:
     pools: dict[str, PoolDef] = field(default_factory=dict)
     sync: tuple[SyncDef, ...] = ()
     loc: SourceLoc = _loc()
+    eval: EvalDef | None = None
     locs: Mapping[str, SourceLoc] = _locs()
     path: str = field(default="", compare=False)

@@ -68,15 +68,24 @@ SYNC = {
     "max_staleness": Key("int", required=True, min=0),
 }
 TOP = {
+# evaluation during training (docs/language.md, "Evaluation"): cross-references are AF384-AF389
+EVAL = {
+    "data": Key("name", required=True), "every": Key("int", min=1),
+    "rollout": Key("name"), "metric": Key("name"), "fn": Key("ref"),
+    "inputs": Key("names", default=()), "name": Key("name"),
+    "greedy": Key("bool", default=True), "temperature": Key("num", min=0),
+    "samples_per_prompt": Key("int", default=1, min=1), "max_prompts": Key("int", min=1),
+    "args": Key("map", default={}),
+}
     "pipeline": Key("name", required=True, attr="name"), "description": Key("str", default=""),
     "seed": Key("int", default=0, min=0),
     "models": Key("section"), "data": Key("section"), "pools": Key("section"),
     "step": Key("section", required=True), "tasks": Key("section", required=True),
-    "sync": Key("section"),
+    "eval": Key("section"), "sync": Key("section"),
 }
 # the schema of every section, by the name users see in messages
 SECTIONS = {"model": MODEL, "data source": DATA, "pool": POOL, "step": STEP, "task": TASK,
-            "sync edge": SYNC, "pipeline": TOP}
+            "sync edge": SYNC, "eval": EVAL, "pipeline": TOP}
 
 _EXPECTED = {
     "name": "a name (letters, digits, _)", "str": "a string", "ref": 'a "module:function" reference',
@@ -242,6 +251,12 @@ class Builder:
         return ast.StepDef(**v, loc=kloc, locs=r[1])
 
     def sync(self, node: Node | None) -> tuple[ast.SyncDef, ...]:
+    def eval(self, node: Node, kloc: SourceLoc) -> ast.EvalDef | None:
+        r = self.fields("eval", EVAL, node, kloc)
+        if not r or r[0]["data"] is None:
+            return None
+        return ast.EvalDef(**r[0], loc=kloc, locs=r[1])
+
         if node is None:
             return ()
         if not isinstance(node, Seq):
@@ -256,7 +271,7 @@ class Builder:
 
     def pipeline(self, root: Node, path: str) -> ast.Pipeline | None:
         top = self.fields("the pipeline", TOP, root, SourceLoc(path, 1, 1),
-                          skip=("models", "data", "pools", "step", "tasks", "sync"))
+                          skip=("models", "data", "pools", "step", "tasks", "sync", "eval"))
         if top is None:
             return None
         assert isinstance(root, Map)
@@ -264,7 +279,7 @@ class Builder:
         for k in ("step", "tasks"):
             if k not in root.entries:
                 self.d.add("AF203", SourceLoc(path, 1, 1), key=k, where="the pipeline")
-        for k in ("models", "data", "pools", "step", "tasks", "sync"):
+        for k in ("models", "data", "pools", "step", "tasks", "sync", "eval"):
             if k in root.entries:
                 locs[k] = root.entries[k].key_loc
         models = self.named("model", root.get("models"), self.model)
@@ -275,9 +290,12 @@ class Builder:
         step = self.step(step_node.value, step_node.key_loc) if step_node else None
         sync = self.sync(root.get("sync"))
         if vals.get("name") is None or step is None or "tasks" not in root.entries:
+        eval_node = root.entries.get("eval")
+        evaluation = self.eval(eval_node.value, eval_node.key_loc) if eval_node else None
             return None
         return ast.Pipeline(models=models, data=data, pools=pools, tasks=tasks, step=step,
-                            sync=sync, loc=SourceLoc(path, 1, 1), locs=locs, path=path, **vals)
+                            sync=sync, eval=evaluation, loc=SourceLoc(path, 1, 1), locs=locs,
+                            path=path, **vals)
 
 
 def build(root: Node, path: str, diags: Diagnostics) -> ast.Pipeline | None:

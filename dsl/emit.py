@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from asyncflow.dsl import ast
-from asyncflow.dsl.build import DATA, MODEL, POOL, STEP, SYNC, TASK, TOP, Key
+from asyncflow.dsl.build import DATA, EVAL, MODEL, POOL, STEP, SYNC, TASK, TOP, Key
 
 
 def _section(obj: Any, schema: dict[str, Key]) -> dict:
@@ -38,6 +38,8 @@ def to_plain(p: ast.Pipeline) -> dict:
         out["pools"] = {n: _section(x, POOL) for n, x in p.pools.items()}
     out["step"] = _section(p.step, STEP)
     out["tasks"] = {n: _section(t, TASK) for n, t in p.tasks.items()}
+    if p.eval is not None:
+        out["eval"] = _section(p.eval, EVAL)
     if p.sync:
         out["sync"] = [_section(s, SYNC) for s in p.sync]
     return out
@@ -70,14 +72,14 @@ def emit_yaml(p: ast.Pipeline) -> str:
                 lines.append(f"  {name}:")
                 for k, v in body.items():
                     lines.append(f"    {k}: {scalar(v)}")
-        elif key == "step":
-            lines.append("step:")
+        elif key in ("step", "eval"):
+            lines.append(f"{key}:")
             lines.extend(f"  {k}: {scalar(v)}" for k, v in value.items())
         elif key == "sync":
             lines.append("sync:")
             lines.extend(f"  - {scalar(s)}" for s in value)
         else:
             lines.append(f"{key}: {scalar(value)}")
-        if key in ("description", "models", "data", "pools", "step", "tasks") or key == "seed":
+        if key in ("description", "models", "data", "pools", "step", "tasks", "eval") or key == "seed":
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -11,7 +11,8 @@ AF34x    ``module:function`` references and files
 AF35x    weight-sync edges
 AF36x    batch arithmetic and task ``args``
 AF37x    bindings: each input's role and type (:mod:`asyncflow.compiler.passes.bind`)
-AF38x    scheduling keys: schedule, redundancy, on_update, consume, stream, refill
+AF38x    scheduling keys: schedule, redundancy, on_update, consume, stream, refill;
+         AF384-AF389: the ``eval:`` section (:mod:`asyncflow.compiler.passes.evalplan`)
 =======  ===============================================================
 """
 from asyncflow.diagnostics import Code, Example
@@ -233,6 +234,32 @@ CODES = [
          (mutate("{lr: 1.0e-4, micro_batch: 8}", "{lr: 1.0e-4}\n    stream: true", at="true\nsync"),
           mutate("{lr: 1.0e-4, micro_batch: 8}", "{lr: 1.0e-4, micro_batch: 16}\n    stream: true",
                  at="true\nsync")),
+         severity=_W),
+    # -- AF384-AF389 the eval: section (asyncflow.compiler.passes.evalplan, rules 1-5) ----------
+    Code("AF384", "eval-unknown-source", "eval: there is no data source '{source}' (sources: {known})",
+         (mutate("sync:\n", "eval: {data: prompt}\nsync:\n", at="prompt}"),)),
+    Code("AF385", "eval-rollout", "eval: {problem} (rollout tasks: {known})",
+         (mutate("sync:\n", "eval: {data: prompts, rollout: score}\nsync:\n", at="score}"),)),
+    Code("AF386", "eval-metric", "eval: {problem}",
+         (mutate("sync:\n", "eval: {data: prompts, metric: ref}\nsync:\n", at="ref}"),
+          mutate("sync:\n", "eval: {data: prompts, metric: score, fn: asyncflow.rewards:digits_match}"
+                 "\nsync:\n", at="asyncflow.rewards:digits_match}"))),
+    Code("AF387", "eval-field",
+         "eval: {who} reads field '{field}', which the held-out source '{source}' does not have "
+         "(it has: {have})",
+         (_edit(("    fields: [prompt, answer]\n",
+                 "    fields: [prompt, answer]\n  held:\n    source: asyncflow.datasets:digits\n"
+                 "    fields: [question, answer]\n"),
+                ("sync:\n", "eval: {data: held}\nsync:\n"), at="held}"),
+          mutate("sync:\n", "eval: {data: prompts, inputs: [answer, reward, response]}\nsync:\n",
+                 at="reward, response]"))),
+    Code("AF388", "eval-every-beyond-steps",
+         "eval: every {every} is more than the run's {steps} steps: it evaluates at step 0 and at "
+         "the end only",
+         (mutate("sync:\n", "eval: {data: prompts, every: 5}\nsync:\n", at="5}"),), severity=_W),
+    Code("AF389", "eval-sampling-ignored", "eval: '{key}' has no effect with greedy decoding: {why}",
+         (mutate("sync:\n", "eval: {data: prompts, temperature: 0.7}\nsync:\n", at="0.7}"),
+          mutate("sync:\n", "eval: {data: prompts, samples_per_prompt: 3}\nsync:\n", at="3}")),
          severity=_W),
 ]
 

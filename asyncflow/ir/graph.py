@@ -150,6 +150,19 @@ def _fmt(d: dict) -> str:
     return "{" + ", ".join(f"{k}={d[k]!r}" for k in sorted(d)) + "}"
 
 
+def held_out(p: ast.Pipeline) -> str | None:
+    """The data source that feeds evaluation only (rule 1 of
+    :mod:`asyncflow.compiler.passes.evalplan`); None: no eval, or it evaluates on the training
+    source itself (a field some task reads has no other producer)."""
+    if p.eval is None or p.eval.data not in p.data:
+        return None
+    name = p.eval.data
+    elsewhere = {f for d in p.data.values() if d.name != name for f in d.fields}
+    elsewhere |= {f for t in p.tasks.values() for f in t.outputs}
+    read = {f for t in p.tasks.values() for f in t.inputs}
+    return name if all(f in elsewhere for f in p.data[name].fields if f in read) else None
+
+
 def build_graph(p: ast.Pipeline) -> Graph:
     """The IR of ``p``: nodes in source order, data edges from field names, sync edges.
 
@@ -158,8 +171,10 @@ def build_graph(p: ast.Pipeline) -> Graph:
     """
     graph = Graph(p)
     g = graph.g
+    evaluation_only = held_out(p)  # an eval: source feeds no task
     for d in p.data.values():
-        g.add_node(d.name, node=SourceNode(d.name, d.fields, d), meta={})
+        if d.name != evaluation_only:
+            g.add_node(d.name, node=SourceNode(d.name, d.fields, d), meta={})
     for t in p.tasks.values():
         if t.name in g.nodes:  # a task named like a data source: validation reports it
             continue

@@ -18,6 +18,8 @@ Op              one READ / COMPUTE / WRITE / PUBLISH / ADOPT / WAIT op of a work
 ChannelPlan     one data edge: fields, streaming granularity, staleness, capacity (rows)
 SyncPlan        one weight-sync edge: max_staleness, deferred or blocking adoption
 Estimate        predicted step time / throughput of this plan, its synchronous form, the ideal
+EvalPlan        evaluation during training: the held-out source, the versions evaluated, the
+                rollout worker that generates, the metric function and its inputs, sampling
 ==============  ==================================================================
 """
 from __future__ import annotations
@@ -197,6 +199,33 @@ class Estimate:
 
 
 @dataclass
+@dataclass
+class EvalPlan:
+    """``eval:`` resolved (docs/language.md, "Evaluation"): the worker ``worker`` (replica 0 of
+    the rollout task) evaluates when it adopts each version of ``versions`` (the first version
+    at or after it, when the weight sync skips one), scores with ``fn`` called like a reward
+    task's (``fn(*inputs, **args)`` per row, or per batch when ``batched``) and reports
+    ``eval/<name>`` (the mean of fn's first output) with the version it ran on."""
+
+    data: str  # the held-out data source
+    versions: list[int]  # policy versions evaluated: 0, every, 2 every, ..., steps
+    rollout: str  # the rollout task whose engine generates
+    worker: str  # the rollout worker that evaluates ("generate/0")
+    fn: str  # "module:function" of the metric
+    inputs: list[str]  # fn's inputs in the declared order: source fields or rollout outputs
+    outputs: list[str]  # fn's outputs (the metric task's, or [name]): the first is the metric
+    name: str  # reported as eval/<name>
+    every: int = 0  # 0: at step 0 and the end only
+    metric_task: str = ""  # the reward task whose fn this is ("" for eval.fn)
+    args: dict = field(default_factory=dict)
+    batched: bool = False
+    greedy: bool = True
+    temperature: float = 1.0  # when not greedy
+    samples_per_prompt: int = 1
+    max_prompts: int = 0  # 0: every row of the source
+    loc: str = ""  # "file:line:col" of the eval section
+
+
 class Plan:
     pipeline: str
     source_file: str
@@ -215,6 +244,7 @@ class Plan:
     device_kind: str = "CPU"  # what a pool device is: "GPU" or "CPU" (a CPU slot)
     fields: dict = field(default_factory=dict)  # field -> {role, type, producer} (bind pass)
 
+    eval: EvalPlan | None = None  # evaluation during training (``eval:``), if any
     def task(self, name: str) -> TaskPlan:
         for t in self.tasks:
             if t.name == name:
@@ -236,7 +266,10 @@ class Plan:
         return w
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d.get("eval") is None:  # a plan without evaluation reads as it did before eval:
+            d.pop("eval", None)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"

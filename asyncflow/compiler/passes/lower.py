@@ -52,6 +52,7 @@ from asyncflow.compiler.passes import (launch_groups, micro_batch, replaced, sch
 from asyncflow.compiler.passes.overlap import RANK
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph, SourceNode
+from asyncflow.compiler.passes.evalplan import eval_plan, held_out
 from asyncflow.plan import (Bundle, ChannelPlan, ModelPlan, Op, Plan, PoolPlan, SourcePlan,
                             StepPlan, SyncPlan, TaskPlan, WorkerPlan)
 
@@ -196,6 +197,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
     data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields), d.epochs,
                        {"": _loc(d), **{k: str(v) for k, v in d.locs.items() if v.line}})
             for d in p.data.values()]
+    data.sort(key=lambda s: s.name == held_out(p))  # a source held out for eval: comes last
     pools = [PoolPlan(name, v["devices"], placement["device_kind"],
                       [Bundle(i, plain(b)) for i, b in enumerate(v["bundles"])], list(v["tasks"]),
                       _loc(p.pools[name]) if name in p.pools else "")
@@ -256,7 +258,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                       launch_groups(g), replaced(g)),
         models=models, data=data, pools=pools, tasks=tasks, workers=workers, channels=channels,
         sync=syncs, concurrency=[list(c) for c in g.g.graph.get("concurrency", [])],
-        device_kind=placement["device_kind"], fields=plain(g.g.graph.get("fields", {})))
+        device_kind=placement["device_kind"], fields=plain(g.g.graph.get("fields", {})),
+        eval=eval_plan(p, plain))
 
 
 def _loc(defn) -> str:
