@@ -41,6 +41,7 @@ from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan
 from asyncflow.runtime.backends import make_backend
 from asyncflow.runtime.store import StoreLost
+from asyncflow.runtime.samples import DEFAULT_EVERY, SamplesLog
 from asyncflow.runtime.trace import MetricsLog, mean_std, write_trace
 
 
@@ -260,6 +261,9 @@ class Driver:
         self.started = False
         self.startup: dict[str, float] = {}  # start-up phase -> seconds (RunResult.startup)
         self.process_start: float | None = None  # set by the CLI: asyncflow.STARTED
+        # the --log loggers (asyncflow.runtime.loggers.Loggers), started and finished by the
+        # CLI; every metrics row and logged sample goes to them (set by the CLI, or None)
+        self.loggers = None
         self._kill_requests: list[str] = []
         # checkpoints (asyncflow.runtime.checkpoint): every K train steps into out_dir; resume
         # continues out_dir from its newest complete checkpoint
@@ -275,6 +279,8 @@ class Driver:
         self.inject = [f if isinstance(f, dict) else parse_inject(f, plan, backend)
                        for f in (inject or [])]
         self.options.setdefault("lease_s", lease_s)
+        # samples.jsonl every K train steps, the first and the last (runtime/samples.py; 0: off)
+        self.options.setdefault("log_samples", DEFAULT_EVERY)
         self.options.setdefault("heartbeat_s", 0.5 if backend == "local" else 1.0)
         self.options.setdefault("stack_after_s", max(0.5, min(5.0, self.stall_timeout / 3)))
         self.restarts: dict[str, int] = {}
@@ -344,10 +350,14 @@ class Driver:
         ahead = self._ahead()
         t0 = time.time()
         self.t0 = t0
-        metrics = MetricsLog(os.path.join(self.out_dir, "metrics.jsonl") if self.out_dir else None)
+        metrics = MetricsLog(os.path.join(self.out_dir, "metrics.jsonl") if self.out_dir else None,
+                             loggers=self.loggers)
         for row in (resumed["metrics"] if resumed else []):
             metrics.append(row)
         train_rows = ckpt.TrainRowsLog(self.out_dir, resumed["train_rows"] if resumed else None)
+        # RUN_DIR/samples.jsonl: the rows the primary trainer's reports carry (runtime/samples.py)
+        samples_log = SamplesLog(self.out_dir if self.options["log_samples"] else None,
+                                 start if resumed else None)
         pools = {w.id: (w.pool or "cpu") for w in plan.workers}
         spans: list = []
         rewards: dict[int, float] = {}
@@ -416,6 +426,7 @@ class Driver:
                     del pending_reports[s]
                     row = self._metrics(s, reps, primary, c, last, rewards, drops, store, pools, t0)
                     metrics.append(row)
+                    metrics.text(s, samples_log.append(s, (reps.get(primary) or {}).get("samples")))
                     filtered_at_step = drops.get("filter", 0)
                     for task in trainers:
                         train_rows.append(s, task, reps[task]["rows"])
@@ -486,6 +497,7 @@ class Driver:
                 pass
             metrics.close()
             train_rows.close()
+            samples_log.close()
             result.events = list(self.events)
             result.startup = dict(self.startup)
             if self.out_dir:

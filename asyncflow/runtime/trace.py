@@ -159,46 +159,28 @@ def _clean(x):
 
 
 class MetricsLog:
-    """RUN_DIR/metrics.jsonl: appended and flushed one line per step; also TensorBoard event
-    files in RUN_DIR/tensorboard/ when ``tensorboard`` (and torch) are installed.
+    """RUN_DIR/metrics.jsonl: appended and flushed one line per step; every row also goes to
+    TensorBoard (RUN_DIR/tensorboard/, when ``tensorboard`` and torch are installed:
+    :class:`asyncflow.runtime.loggers.TensorBoard`, whose writer is made off the start-up path)
+    and to ``loggers`` (:class:`asyncflow.runtime.loggers.Loggers`, the ``--log`` ones: started
+    and finished by their owner, not here). :meth:`text` gives a step's samples
+    (:mod:`asyncflow.runtime.samples`) to the same loggers."""
 
-    The TensorBoard writer is made in a thread of its own, started by the first row (after
-    the run's start-up): importing it imports torch (about 2 s of CPU here), which used to sit
-    on the start-up before any worker started. Rows that come before it is ready are written
-    to it once it is (at the latest on :meth:`close`)."""
+    def __init__(self, path: str | None, tensorboard: bool = True, loggers=None):
+        from asyncflow.runtime.loggers import TensorBoard
 
-    def __init__(self, path: str | None, tensorboard: bool = True):
         self.path = path
         self.rows: list[dict] = []
         self._f = open(path, "w") if path else None
-        self._tb = None
-        self._tb_rows: list[dict] = []  # rows not yet given to the writer
-        self._tb_lock = threading.Lock()
-        self._tb_thread = None
-        self._tb_dir = os.path.join(os.path.dirname(path), "tensorboard") \
+        self._tb = TensorBoard(os.path.join(os.path.dirname(path), "tensorboard")) \
             if path and tensorboard else None
+        self.loggers = loggers
 
-    def _make_tb(self, directory: str) -> None:
-        writer = _tensorboard_writer(directory)
-        with self._tb_lock:
-            self._tb = writer
-            if writer is None:
-                self._tb_rows = []
-                return
-        self._write_tb()
-
-    def _write_tb(self) -> None:
-        with self._tb_lock:
-            if self._tb is None:
-                if self._tb_thread is not None and not self._tb_thread.is_alive():
-                    self._tb_rows = []  # no writer could be made (tensorboard not installed)
-                return
-            rows, self._tb_rows = self._tb_rows, []
-            for row in rows:
-                for key, value in _scalars(row):
-                    self._tb.add_scalar(key, value, row["step"])
-            if rows:
-                self._tb.flush()
+    def _each(self):
+        if self._tb is not None:
+            yield self._tb
+        if self.loggers:
+            yield self.loggers
 
     def append(self, row: dict) -> None:
         row = _clean(row)
@@ -206,52 +188,23 @@ class MetricsLog:
         if self._f:
             self._f.write(json.dumps(row) + "\n")
             self._f.flush()
-        if self._tb_dir and isinstance(row.get("step"), int):
-            with self._tb_lock:
-                self._tb_rows.append(row)
-            if self._tb_thread is None:
-                self._tb_thread = threading.Thread(target=self._make_tb, args=(self._tb_dir,),
-                                                   name="asyncflow-tensorboard", daemon=True)
-                self._tb_thread.start()
-            self._write_tb()
+        if isinstance(row.get("step"), int):
+            for lg in self._each():
+                lg.log(row["step"], row)
+
+    def text(self, step: int, samples: list[dict]) -> None:
+        """A step's sample rows (TensorBoard's text tab, every logger's samples)."""
+        if samples:
+            for lg in self._each():
+                lg.text(step, samples)
 
     def close(self) -> None:
         if self._f:
             self._f.close()
             self._f = None
-        if self._tb_thread is not None:
-            self._tb_thread.join()
-            self._tb_thread = None
-            self._write_tb()
-            with self._tb_lock:
-                if self._tb is not None:
-                    self._tb.close()
-                    self._tb = None
-
-
-def _tensorboard_writer(directory: str):
-    """A SummaryWriter, or None where tensorboard is not installed (it is optional)."""
-    import importlib.util
-
-    if importlib.util.find_spec("tensorboard") is None or importlib.util.find_spec("torch") is None:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # a broken optional install must not stop a run
-        return None
-    return SummaryWriter(directory)
-
-
-def _scalars(row: dict, prefix: str = ""):
-    """(name, number) pairs of a metrics row; nested maps become ``utilization/rollout``."""
-    for k, v in row.items():
-        if k == "step":
-            continue
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            yield from _scalars(v, name + "/")
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            yield name, v
+        if self._tb is not None:
+            self._tb.finish()
+            self._tb = None
 
 
 def mean_std(xs) -> tuple[float | None, float | None]:

@@ -48,6 +48,7 @@ from asyncflow.plan import Op, Plan
 from asyncflow.runtime.contract import TaskError, check_outputs
 from asyncflow.runtime.gate import Gate
 from asyncflow.runtime.serve_loop import ServeLoop
+from asyncflow.runtime.samples import Sampler
 from asyncflow.runtime.signals import Crash, Stop
 from asyncflow.runtime.step_reads import StepReads
 from asyncflow.runtime.tasks import runner_for
@@ -225,6 +226,12 @@ class Worker(ServeLoop, StepReads):
                                 for f, r in t.bind_out if r == "reward"), None)
             if self.reward and self.reward not in self.task.inputs:
                 self.fields = list(self.task.inputs) + [self.reward]
+        # samples.jsonl: the primary trainer's report of a logged step carries a few of its rows
+        # (runtime/samples.py); they may need a field the trainer does not train on (the prompt)
+        self.sampler = Sampler.of(self)
+        if self.sampler is not None and self.sampler.extra:
+            self.fields = list(dict.fromkeys((self.fields or list(self.task.inputs))
+                                             + self.sampler.extra))
 
     # ------------------------------------------------------------------ control plane
     def kill(self) -> None:
@@ -706,7 +713,8 @@ class Worker(ServeLoop, StepReads):
             "rewards": list(cols.get(self.reward) or []) if self.reward else [],
             "metrics": _plain_metrics(it.get("metrics")), "publish_s": it.get("publish_s", 0.0),
             "next_row": self._next_row(step, rows),
-            "compute_s": it.get("compute_s", 0.0)})
+            "compute_s": it.get("compute_s", 0.0),
+            "samples": self.sampler.take(step, cols) if self.sampler is not None else []})
 
 
 def _plain_metrics(m: Any) -> dict:
