@@ -19,7 +19,7 @@ from asyncflow.errors import InternalError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="asyncflow: compile and run asynchronous, streaming RL post-training pipelines.")
-COMMANDS = ("check", "fmt", "compile", "viz", "run", "simulate", "schema")
+COMMANDS = ("check", "fmt", "compile", "viz", "run", "simulate", "schema", "export")
 
 
 def _is_usage_error(e: Exception) -> bool:

@@ -6,7 +6,9 @@ Perfetto or draw it with ``asyncflow viz``). Shows a progress bar (step, samples
 staleness) and a summary table. Ctrl-C stops the workers, keeps the partial trace and metrics,
 and exits 130; a mistake in the file exits 2 with located diagnostics. ``--checkpoint-every K``
 writes ``RUN_DIR/checkpoints/step_N`` every K steps; ``--resume RUN_DIR`` continues a killed run
-from its newest complete checkpoint (:mod:`asyncflow.runtime.checkpoint`). The run directory's
+from its newest complete checkpoint (:mod:`asyncflow.runtime.checkpoint`); ``--keep-checkpoints K``
+keeps the newest K. After the last step every trained model is written to ``RUN_DIR/final/<model>``
+(a Hugging Face directory; :mod:`asyncflow.runtime.export`) and the summary says where. The run directory's
 rules (a lock; no run into a directory holding another without ``--resume`` or ``--force``; a
 changed plan is not resumed without ``--force``) are :mod:`asyncflow.runtime.rundir`'s.
 """
@@ -52,6 +54,9 @@ def register(app: typer.Typer) -> None:
                 help="checkpoint every K train steps into RUN_DIR/checkpoints/step_N (default off)"),
             resume: Optional[str] = typer.Option(
                 None, "--resume", help="continue RUN_DIR from its newest complete checkpoint"),
+            keep_checkpoints: Optional[int] = typer.Option(
+                None, "--keep-checkpoints", min=1,
+                help="keep only the newest K complete checkpoints (default: all)"),
             force: bool = typer.Option(
                 False, "--force", help="--out: replace the run already there; --resume: run a "
                                        "changed plan from the checkpoint anyway"),
@@ -92,6 +97,8 @@ def register(app: typer.Typer) -> None:
 
         if backend not in ("ray", "local"):
             raise typer.BadParameter(f"--backend must be ray or local, not {backend!r}")
+        if keep_checkpoints is not None and not checkpoint_every:
+            raise typer.BadParameter("--keep-checkpoints needs --checkpoint-every K")
         if device_kind not in ("auto", "gpu", "cpu"):
             raise typer.BadParameter(f"--device-kind must be auto, gpu or cpu, not {device_kind!r}")
         if device_kind == "auto" and address is None and not _gpu_visible():
@@ -128,7 +135,8 @@ def register(app: typer.Typer) -> None:
         driver = Driver(plan, backend, out_dir=run_dir, steps=steps, address=address,
                         lease_s=lease_s, on_step=on_step, checkpoint_every=checkpoint_every,
                         resume=resume is not None, shards=store_shards,
-                        max_restarts=max_restarts, stall_timeout=stall_timeout, inject=faults)
+                        max_restarts=max_restarts, stall_timeout=stall_timeout, inject=faults,
+                        keep_checkpoints=keep_checkpoints)
         import asyncflow
 
         driver.process_start = asyncflow.STARTED
@@ -199,3 +207,15 @@ def _summary(out, result, run_dir: str, Table) -> None:
     if result.startup:
         out.print("start-up (s): " + " · ".join(f"{k} {v:.2f}" for k, v in result.startup.items()),
                   markup=False)
+    _exports(out, result)
+
+
+def _exports(out, result) -> None:
+    """Where each trained model was written (RUN_DIR/final/<model>; runtime/export.py)."""
+    for model, e in sorted(getattr(result, "exports", {}).items()):
+        if e.get("dir"):
+            out.print(f"trained model {model}: {e['dir']} ({e.get('dtype', 'float32')})",
+                      markup=False, soft_wrap=True)
+        else:
+            out.print(f"trained model {model}: not exported: {e.get('skipped')}", markup=False,
+                      soft_wrap=True)

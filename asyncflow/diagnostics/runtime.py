@@ -53,6 +53,13 @@ CODES = [
     Code("AF641", "simulate-stalled",
          "the simulated run stopped after {done} of {steps} steps: {why}"),
     Code("AF642", "bad-sweep", "{what}"),
+    # asyncflow export (asyncflow.commands.export, asyncflow.runtime.export)
+    Code("AF660", "export-not-a-run", "{run_dir} is not a run directory: {why}"),
+    Code("AF661", "export-no-step", "{run_dir}: {what}; {have}"),
+    Code("AF662", "export-unreadable", "{run_dir}: {what} cannot be exported: {why}"),
+    Code("AF663", "export-dir-exists",
+         "{out} already exists and is not empty: pick another -o DIR, or --force to replace it"),
+    Code("AF664", "export-nothing", "{run_dir}: nothing to export: {why}"),
     Code("AF635", "refill-starved",
          "filter {tasks} dropped {groups} groups since the last train step, more than {rounds} "
          "steps' launches: with refill: true new prompts would be fed for ever; check the filter "

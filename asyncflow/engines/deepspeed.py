@@ -60,6 +60,8 @@ This path is untested where deepspeed is not installed.
 **Checkpoints.** ``save(dir)`` writes the model as a local HF directory (replica 0; usable as a
 model ``init``) and a DeepSpeed checkpoint under ``dir/deepspeed`` (every replica writes its
 optimizer shard, so every replica must call it); ``load(dir)`` reads the latter back.
+``export(dir, dtype)`` (the hf engine's: ZeRO 1/2 leave every rank the full weights) writes
+the final model; the worker calls it on replica 0 only (:mod:`asyncflow.runtime.export`).
 
 **On CPU** DeepSpeed uses its cpu accelerator and ``gloo``. Its first process group on a machine
 JIT-builds DeepSpeed's shared-memory comm op (about a minute on 2 cores, then cached under
@@ -250,6 +252,7 @@ class DeepSpeedEngine(HFEngine):
         os.makedirs(directory, exist_ok=True)
         if self.rank == 0:
             models.save((self.model, self.tokenizer), directory)
+            self._save_value_head(directory)
         self.ds.save_checkpoint(directory, tag=CKPT_TAG, client_state={
             "version": self.version, "generator": self.generator.get_state()})
 

@@ -428,12 +428,33 @@ class HFEngine:
 
         os.makedirs(directory, exist_ok=True)
         models.save((self.model, self.tokenizer), directory)
+        self._save_value_head(directory)
         torch.save({
             "weights": self.export_weights(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "version": self.version,
             "generator": self.generator.get_state(),
         }, os.path.join(directory, STATE_FILE))
+
+    def _save_value_head(self, directory: str) -> None:
+        """A critic's value head beside the model, as the export writes it (the checkpoint's
+        directory then exports like a final one: asyncflow.runtime.export)."""
+        if self.value_head is not None:
+            from safetensors.torch import save_file
+
+            from asyncflow.runtime.export import VALUE_HEAD_FILE
+
+            save_file({k: v.detach().to("cpu").contiguous()
+                       for k, v in self.value_head.state_dict().items()},
+                      os.path.join(directory, VALUE_HEAD_FILE), metadata={"format": "pt"})
+
+    def export(self, directory: str, dtype: str = "float32") -> None:
+        """The trained model as a Hugging Face directory in ``dtype`` (weights, config,
+        tokenizer; a critic's value head beside it): :func:`asyncflow.runtime.export.write_hf`.
+        The engine's own weights are not changed."""
+        from asyncflow.runtime.export import write_hf
+
+        write_hf(directory, self.model, self.tokenizer, dtype, value_head=self.value_head)
 
     def load(self, directory: str) -> None:
         state = torch.load(os.path.join(directory, STATE_FILE), weights_only=True)

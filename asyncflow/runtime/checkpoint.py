@@ -9,6 +9,12 @@ Layout (every ``K`` train steps, ``--checkpoint-every K``; off by default)::
         store.json                       rows past the checkpoint some rollout had generated
         plan.json                        the plan the run executed (resume compares it)
 
+``--keep-checkpoints K`` keeps only the newest K complete checkpoints (:func:`prune`, after
+each new one is complete). A checkpoint's ``engines/<task>_0`` is itself a Hugging Face directory
+(``config.json``, safetensors, tokenizer; a critic's ``value_head.safetensors``) beside the
+optimizer state: ``asyncflow export RUN_DIR --step N`` writes a clean copy of it in the model's
+dtype (:mod:`asyncflow.runtime.export`).
+
 No file of a checkpoint is a pickle (engines save tensors with ``torch.save`` read back with
 ``weights_only=True``, or safetensors); every file is fsynced before the rename.
 
@@ -51,6 +57,7 @@ import time
 
 CKPT_DIR = "checkpoints"
 TMP_PREFIX = ".tmp-step_"
+DEL_PREFIX = ".del-"  # a checkpoint being deleted by prune
 STATE_FILE = "state.json"
 TRAIN_ROWS = "train_rows.jsonl"
 RESUME_LOG = "resume.jsonl"
@@ -169,6 +176,27 @@ def latest(run_dir: str, skipped: list | None = None) -> str | None:
     return None
 
 
+def prune(run_dir: str, keep: int) -> list[str]:
+    """``--keep-checkpoints K``: delete every complete checkpoint but the newest ``keep``
+    (``keep`` >= 1), after a newer one is complete. Only checkpoints that read back whole
+    (:func:`problem` is None) count, so the one a resume would take (:func:`latest`) is never
+    deleted; an unreadable one is left as it is (resume skips it and says so). A checkpoint is
+    renamed to ``.del-step_N`` before it is removed: a kill mid-way never leaves a ``step_N``
+    that looks complete but is not (``.del-`` leftovers are removed at the next resume).
+    Returns the deleted directories."""
+    keep = max(1, int(keep))
+    whole = [ck for ck in checkpoints(run_dir) if problem(ck) is None]
+    gone = []
+    for ck in whole[keep:]:
+        doomed = os.path.join(root(run_dir), DEL_PREFIX + os.path.basename(ck))
+        if os.path.exists(doomed):
+            shutil.rmtree(doomed)
+        os.rename(ck, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        gone.append(ck)
+    return gone
+
+
 def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
     """Pick the newest complete checkpoint, drop unfinished ones, log what is discarded.
 
@@ -177,7 +205,7 @@ def prepare_resume(run_dir: str, samples_per_step: int) -> dict | None:
     r = root(run_dir)
     if os.path.isdir(r):
         for name in os.listdir(r):
-            if name.startswith(TMP_PREFIX):
+            if name.startswith((TMP_PREFIX, DEL_PREFIX)):
                 shutil.rmtree(os.path.join(r, name), ignore_errors=True)
     skipped: list = []
     ck = latest(run_dir, skipped)

@@ -20,8 +20,11 @@ What it does, top to bottom (:meth:`Driver.run`):
 
 With ``checkpoint_every`` K, every K train steps go to ``RUN_DIR/checkpoints/step_N``;
 ``resume=True`` continues ``RUN_DIR`` from its newest complete one
-(:mod:`asyncflow.runtime.checkpoint`; rows of later steps are regenerated). Every train step's
-rows go to ``RUN_DIR/train_rows.jsonl``.
+(:mod:`asyncflow.runtime.checkpoint`; rows of later steps are regenerated); with
+``keep_checkpoints`` K only the newest K complete ones stay. Every train step's rows go to
+``RUN_DIR/train_rows.jsonl``. After its last step each trainer writes its model to
+``RUN_DIR/final/<model>`` (:mod:`asyncflow.runtime.export`) and reports it
+(:attr:`RunResult.exports`).
 
 A KeyboardInterrupt stops the workers the same way, writes the partial trace and metrics, and
 propagates. ``RUN_DIR`` (``out_dir``) receives ``plan.json``, ``metrics.jsonl``, ``trace.json`` and
@@ -201,6 +204,8 @@ class RunResult:
     events: list[dict] = field(default_factory=list)  # kills, deaths, restarts (Driver.events)
     # seconds per start-up phase, in order (Driver.startup): until every worker is ready
     startup: dict[str, float] = field(default_factory=dict)
+    # model -> {"dir", "dtype"} (or {"skipped": why}): RUN_DIR/final/<model> (runtime/export.py)
+    exports: dict[str, dict] = field(default_factory=dict)
 
     @property
     def samples_per_s(self) -> float:
@@ -242,7 +247,8 @@ class Driver:
                  poll_s: float | None = None, shards: int = 1,
                  checkpoint_every: int | None = None,
                  resume: bool = False, max_restarts: int | None = None,
-                 stall_timeout: float = 300.0, inject: list | None = None):
+                 stall_timeout: float = 300.0, inject: list | None = None,
+                 keep_checkpoints: int | None = None):
         plan = copy.deepcopy(plan)
         if steps is not None:
             plan.step.steps = int(steps)
@@ -271,6 +277,9 @@ class Driver:
         self.resume = bool(resume)
         if (self.checkpoint_every or self.resume) and not out_dir:
             raise RunError("checkpoints and --resume need a run directory (out_dir)")
+        # --keep-checkpoints K: only the newest K complete checkpoints stay (checkpoint.prune)
+        self.keep_checkpoints = int(keep_checkpoints) if keep_checkpoints else None
+        self.exports: dict[str, dict] = {}  # model -> its final export (RunResult.exports)
         # faults: a dead worker is restarted up to max_restarts times (None: never, and the run
         # goes on while another replica of its task lives); the watchdog ends a run that makes
         # no progress for stall_timeout s; inject: parsed --inject specs (parse_inject)
@@ -326,9 +335,10 @@ class Driver:
         if start:
             self.options.update(start_step=start, start_row=first_row,
                                 resume_dir=os.path.abspath(resumed["dir"]))
-        if self.checkpoint_every:  # absolute: Ray workers need not share our cwd
-            self.options.update(checkpoint_every=self.checkpoint_every,
-                                run_dir=os.path.abspath(self.out_dir))
+        if self.checkpoint_every:
+            self.options.update(checkpoint_every=self.checkpoint_every)
+        if self.out_dir:  # checkpoints, final exports; absolute: Ray workers need not share our cwd
+            self.options.update(run_dir=os.path.abspath(self.out_dir))
         if self.out_dir:
             os.makedirs(self.out_dir, exist_ok=True)
             with open(os.path.join(self.out_dir, "plan.json"), "w") as f:
@@ -417,6 +427,8 @@ class Driver:
                     watch["t"] = time.time()
                 for task, rep in c["reports"]:
                     pending_reports.setdefault(rep["step"], {})[task] = rep
+                    if rep.get("export"):  # the last step's model, in RUN_DIR/final
+                        self.exports[rep["export"]["model"]] = rep["export"]
                     done[task] = max(done.get(task, 0), rep["step"] + 1)
                 # a step's metrics line once every trainer has reported it
                 for s in sorted(pending_reports):
@@ -436,6 +448,8 @@ class Driver:
                                    samples_per_step=st.samples_per_step, metrics=metrics.rows,
                                    train_rows=train_rows.rows, store=store,
                                    first_row=(reps.get(primary) or {}).get("next_row"))
+                        if self.keep_checkpoints:
+                            ckpt.prune(self.out_dir, self.keep_checkpoints)
                     if self.on_step:
                         self.on_step(row)
                 version = min(done.values()) if done else st.steps
@@ -500,6 +514,8 @@ class Driver:
             samples_log.close()
             result.events = list(self.events)
             result.startup = dict(self.startup)
+            result.exports = {m: {k: v for k, v in e.items() if k != "model"}
+                              for m, e in self.exports.items()}
             if self.out_dir:
                 write_trace(os.path.join(self.out_dir, "trace.json"), spans, t0, pools,
                             {"startup_s": result.startup} if result.startup else None)

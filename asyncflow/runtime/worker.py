@@ -689,7 +689,8 @@ class Worker(ServeLoop, StepReads):
         return True
 
     def _end_step(self, it: dict) -> None:
-        """A train step is done: ack its rows, checkpoint, report."""
+        """A train step is done: ack its rows, checkpoint, report (after the last step, the
+        trained model is first written to ``RUN_DIR/final/<model>``: runtime/export.py)."""
         step, rows = it["step"], it.get("rows", [])
         ids = [lease.id for lease in it.get("leases", [])]
         for lid in ids:
@@ -707,8 +708,13 @@ class Worker(ServeLoop, StepReads):
 
             if checkpoint.wanted(every, step + 1, self.st.steps):  # before step + 1 starts
                 ckpt = checkpoint.save_engine(self.engine, run_dir, step + 1, self.id)
+        exported = None
+        if run_dir and step + 1 == self.st.steps and self.wp.replica == 0:  # the last step
+            from asyncflow.runtime import export
+
+            exported = export.write_final(self.engine, run_dir, self.plan, self.task.name, step + 1)
         self.control.report_step(self.task.name, {
-            "checkpoint": ckpt, "step": step, "version": step + 1, "end": time.time(),
+            "checkpoint": ckpt, "export": exported, "step": step, "version": step + 1, "end": time.time(),
             "rows": rows, "staleness": [self.accept.staleness(step, v) for v in versions],
             "rewards": list(cols.get(self.reward) or []) if self.reward else [],
             "metrics": _plain_metrics(it.get("metrics")), "publish_s": it.get("publish_s", 0.0),
