@@ -62,8 +62,8 @@ def validate(graph: Graph, diags: Diagnostics) -> None:
     _models(p, diags)
     for src in p.data.values():
         _check_source(p, src, diags)
-    _eval(p, diags)
     _tasks(graph, diags)
+    _eval(p, diags)
     _sync(p, diags)
     _batch(p, diags)
     _scheduling(p, diags)
@@ -118,9 +118,9 @@ def _dataflow(graph: Graph, d: Diagnostics, clean: bool) -> None:
                 d.add("AF303", _at(t, f"outputs.{i}"),
                       f"list it as a final output with `keep: [{f}]` in task '{t.name}'",
                       field=f, task=t.name)
+        for i, f in enumerate(t.keep):
         if src.name not in graph.g.nodes:  # held out for eval: (evalplan rule 1) feeds no task
             continue
-        for i, f in enumerate(t.keep):
             if f not in t.outputs:
                 d.add("AF304", _at(t, f"keep.{i}"), did_you_mean(f, t.outputs), field=f, task=t.name)
     for src in p.data.values():
@@ -341,29 +341,21 @@ def _check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
     elif v.lower().endswith(DATA_SUFFIXES):
         if _find_file(p, v) is None:
             d.add("AF342", loc, key="source", path=v, where=_where(p, v))
-# -- 8. evaluation -------------------------------------------------------------------------------
-def _eval(p: ast.Pipeline, d: Diagnostics) -> None:
-    """The ``eval:`` section (:mod:`asyncflow.compiler.passes.evalplan`, rules 1-5)."""
-    from asyncflow.compiler.passes.evalplan import resolve
+        if src.split is not None:
+            bad_split(f"a {Path(v).suffix} file has no splits (split applies to a data set "
+                      "directory or a hub data set): drop it, or keep each split in its own file")
+    elif found is None and datasets.HUB_DATA_ID.match(v):
+        repo, rev = datasets.HUB_DATA_ID.match(v).group("repo", "rev")
+        if datasets.offline() and not datasets.hub_cached(repo, rev):
+            caches = " nor ".join(str(c) for c in datasets.hub_caches())
+            d.add("AF342", loc, key="source", path=v,
+                  where=f"{_where(p, v)}; as a hub data set, not in the Hugging Face cache ({caches}) "
+                        "and HF_HUB_OFFLINE is set, so nothing is downloaded")
+    elif found is None and ("/" in v or v.startswith((".", "~"))):
+        d.add("AF342", loc, key="source", path=v, where=_where(p, v))
+    else:
+        d.add("AF343", loc, source=src.name, value=v)
 
-    e = p.eval
-    if e is None:
-        return
-    if e.data not in p.data:
-        d.add("AF384", _at(e, "data"), did_you_mean(e.data, p.data), source=e.data,
-              known=", ".join(p.data) or "none")
-    for code, key, fmt in resolve(p).problems:
-        d.add(code, _at(e, key) if key else e.loc, **fmt)
-    if e.fn is not None:
-        _check_ref(p, e.fn, "fn", _at(e, "fn"), d)
-    if e.every is not None and e.every > p.step.steps:
-        d.add("AF388", _at(e, "every"), every=e.every, steps=p.step.steps)
-    if e.greedy and e.temperature is not None:
-        d.add("AF389", _at(e, "temperature"), key="temperature",
-              why="say `greedy: false` to sample at this temperature")
-    if e.greedy and e.samples_per_prompt > 1:
-        d.add("AF389", _at(e, "samples_per_prompt"), key="samples_per_prompt",
-              why="every greedy sample of a prompt is the same; say `greedy: false`")
 
 
     else:
@@ -510,3 +502,28 @@ def _distribution_problem(v: Any) -> str | None:
 
 
 __all__ = ["validate"]
+
+
+# -- 8. evaluation -------------------------------------------------------------------------------
+def _eval(p: ast.Pipeline, d: Diagnostics) -> None:
+    """The ``eval:`` section (:mod:`asyncflow.compiler.passes.evalplan`, rules 1-5)."""
+    from asyncflow.compiler.passes.evalplan import resolve
+
+    e = p.eval
+    if e is None:
+        return
+    if e.data not in p.data:
+        d.add("AF384", _at(e, "data"), did_you_mean(e.data, p.data), source=e.data,
+              known=", ".join(p.data) or "none")
+    for code, key, fmt in resolve(p).problems:
+        d.add(code, _at(e, key) if key else e.loc, **fmt)
+    if e.fn is not None:
+        _check_ref(p, e.fn, "fn", _at(e, "fn"), d)
+    if e.every is not None and e.every > p.step.steps:
+        d.add("AF388", _at(e, "every"), every=e.every, steps=p.step.steps)
+    if e.greedy and e.temperature is not None:
+        d.add("AF389", _at(e, "temperature"), key="temperature",
+              why="say `greedy: false` to sample at this temperature")
+    if e.greedy and e.samples_per_prompt > 1:
+        d.add("AF389", _at(e, "samples_per_prompt"), key="samples_per_prompt",
+              why="every greedy sample of a prompt is the same; say `greedy: false`")
