@@ -49,6 +49,13 @@ def register(app: typer.Typer) -> None:
             steps: Optional[int] = typer.Option(None, "--steps", min=1, help="train steps (overrides step.steps)"),
             lease_s: float = typer.Option(60.0, "--lease-s", help="seconds before an unacked lease is re-issued"),
             quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+            log: Optional[List[str]] = typer.Option(
+                None, "--log", help="also log metrics and samples to wandb | mlflow (repeatable; "
+                                    "TensorBoard, RUN_DIR/tensorboard, is always on)"),
+            log_samples: int = typer.Option(
+                10, "--log-samples", min=0,
+                help="RUN_DIR/samples.jsonl: 4 samples (prompt, completion, reward, version) at "
+                     "the first and last step and every K steps (0: off)"),
             checkpoint_every: Optional[int] = typer.Option(
                 None, "--checkpoint-every", min=1,
                 help="checkpoint every K train steps into RUN_DIR/checkpoints/step_N (default off)"),
@@ -115,6 +122,11 @@ def register(app: typer.Typer) -> None:
         faults = [parse_inject(spec, checked, backend) for spec in (inject or [])]  # AF634: exit 2
         total = steps or plan.step.steps
         run_dir = resume or out_dir or os.path.join("runs", f"{plan.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
+        from asyncflow.runtime import loggers
+
+        # --log: checked before anything starts (AF670 not installed, AF671 unknown)
+        logs = loggers.make(log, run_dir, os.path.basename(os.path.normpath(run_dir)),
+                            warn=lambda m: err.print(m, style="yellow", markup=False))
         from asyncflow.runtime import rundir
 
         claim = rundir.claim(run_dir, plan, resume=resume is not None, force=force)  # AF62x
@@ -140,6 +152,11 @@ def register(app: typer.Typer) -> None:
         import asyncflow
 
         driver.process_start = asyncflow.STARTED
+        driver.options["log_samples"] = log_samples  # samples.jsonl (runtime/samples.py)
+        driver.loggers = logs
+        logs.start(loggers.run_config(plan.to_dict(), backend=backend, run_dir=run_dir,
+                                      steps=total))  # AF672: a logger that cannot start
+        status = "failed"  # what the loggers are told at the end
         interrupted = False
 
         def on_term(signum, frame):  # `kill`, `timeout`, a scheduler: stop as cleanly as Ctrl-C
@@ -151,8 +168,9 @@ def register(app: typer.Typer) -> None:
         try:
             with progress:
                 result = driver.run()
+            status = "finished"
         except KeyboardInterrupt:
-            interrupted = True
+            interrupted, status = True, "interrupted"
             result = getattr(driver, "result", None)
         except RunError as e:
             err.print(f"run failed: {e}", style="red", markup=False)
@@ -161,8 +179,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         finally:
             signal.signal(signal.SIGTERM, previous)
+            logs.finish(status)
         if result is not None:
             _summary(out, result, run_dir, Table)
+            _samples_and_logs(out, run_dir, logs)
         if interrupted:
             err.print(f"interrupted: workers stopped; partial trace and metrics in {run_dir}",
                       style="yellow", markup=False)
@@ -219,3 +239,32 @@ def _exports(out, result) -> None:
         else:
             out.print(f"trained model {model}: not exported: {e.get('skipped')}", markup=False,
                       soft_wrap=True)
+
+
+def _samples_and_logs(out, run_dir: str, logs) -> None:
+    """One sample of the last logged step (RUN_DIR/samples.jsonl) and where the --log loggers
+    wrote."""
+    from asyncflow.runtime import samples
+
+    last = samples.last(run_dir)
+    if last:
+        s = last[0]
+        prompt = s.get("prompt")
+        prompt = prompt if isinstance(prompt, str) else str(prompt)
+        out.print(f"sample (step {s.get('step')}, row {s.get('row')}, reward "
+                  f"{_fmt(s.get('reward'))}, version {s.get('version')}; all in "
+                  f"{os.path.join(run_dir, samples.FILE)}):", markup=False, soft_wrap=True)
+        out.print(f"  prompt:     {_short(prompt)}", markup=False, soft_wrap=True)
+        out.print(f"  completion: {_short(str(s.get('completion')))}", markup=False,
+                  soft_wrap=True)
+    for lg in logs.loggers:
+        if getattr(lg, "where", ""):
+            out.print(f"logged to {lg.name}: {lg.where}", markup=False, soft_wrap=True)
+    for name, why in logs.failed.items():
+        out.print(f"logger {name} was switched off during the run: {why}", markup=False,
+                  soft_wrap=True)
+
+
+def _short(text: str, n: int = 300) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= n else text[:n] + f"... ({len(text)} chars)"

@@ -384,8 +384,16 @@ def make(names, run_dir: str, run_name: str | None = None,
             continue
         seen.add(key)
         module, extra = LIBRARIES[key]
-        if importlib.util.find_spec(module) is None:
+        if not _installed(module):
             raise error("AF670", None, f"pip install 'asyncflow[{extra}]'", name=key,
                         module=module, extra=extra)
         out.append(MAKERS[key](run_dir, run_name))
     return Loggers(out, warn)
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module blocked in sys.modules (None) or broken
+        return False
