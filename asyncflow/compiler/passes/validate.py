@@ -63,10 +63,10 @@ def validate(graph: Graph, diags: Diagnostics) -> None:
     for src in p.data.values():
         _check_source(p, src, diags)
     _tasks(graph, diags)
-    _eval(p, diags)
     _sync(p, diags)
     _batch(p, diags)
     _scheduling(p, diags)
+    _eval(p, diags)
 
 
 def _at(defn: Any, key: str) -> SourceLoc:
@@ -119,11 +119,11 @@ def _dataflow(graph: Graph, d: Diagnostics, clean: bool) -> None:
                       f"list it as a final output with `keep: [{f}]` in task '{t.name}'",
                       field=f, task=t.name)
         for i, f in enumerate(t.keep):
-        if src.name not in graph.g.nodes:  # held out for eval: (evalplan rule 1) feeds no task
-            continue
             if f not in t.outputs:
                 d.add("AF304", _at(t, f"keep.{i}"), did_you_mean(f, t.outputs), field=f, task=t.name)
     for src in p.data.values():
+        if src.name not in graph.g.nodes:  # held out for eval: (evalplan rule 1) feeds no task
+            continue
         if not src.fields and "fields" in src.locs and not _broken(d, src, "fields"):
             d.add("AF308", _at(src, "fields"), what="data source", name=src.name, key="fields")
         for i, f in enumerate(src.fields or ()):
@@ -341,23 +341,6 @@ def _check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
     elif v.lower().endswith(DATA_SUFFIXES):
         if _find_file(p, v) is None:
             d.add("AF342", loc, key="source", path=v, where=_where(p, v))
-        if src.split is not None:
-            bad_split(f"a {Path(v).suffix} file has no splits (split applies to a data set "
-                      "directory or a hub data set): drop it, or keep each split in its own file")
-    elif found is None and datasets.HUB_DATA_ID.match(v):
-        repo, rev = datasets.HUB_DATA_ID.match(v).group("repo", "rev")
-        if datasets.offline() and not datasets.hub_cached(repo, rev):
-            caches = " nor ".join(str(c) for c in datasets.hub_caches())
-            d.add("AF342", loc, key="source", path=v,
-                  where=f"{_where(p, v)}; as a hub data set, not in the Hugging Face cache ({caches}) "
-                        "and HF_HUB_OFFLINE is set, so nothing is downloaded")
-    elif found is None and ("/" in v or v.startswith((".", "~"))):
-        d.add("AF342", loc, key="source", path=v, where=_where(p, v))
-    else:
-        d.add("AF343", loc, source=src.name, value=v)
-
-
-
     else:
         d.add("AF343", loc, source=src.name, value=v)
 
