@@ -204,6 +204,7 @@ class RunResult:
     events: list[dict] = field(default_factory=list)  # kills, deaths, restarts (Driver.events)
     # seconds per start-up phase, in order (Driver.startup): until every worker is ready
     startup: dict[str, float] = field(default_factory=dict)
+    evals: list[dict] = field(default_factory=list)  # eval: rows (runtime/evaluate.py)
     # model -> {"dir", "dtype"} (or {"skipped": why}): RUN_DIR/final/<model> (runtime/export.py)
     exports: dict[str, dict] = field(default_factory=dict)
 
@@ -252,7 +253,12 @@ class Driver:
         plan = copy.deepcopy(plan)
         if steps is not None:
             plan.step.steps = int(steps)
+            if plan.eval is not None:  # --steps: the versions evaluated follow (evalplan rule 5)
+                from asyncflow.compiler.passes.evalplan import versions
+
+                plan.eval.versions = versions(plan.eval.every or None, plan.step.steps)
         self.plan = plan
+        self.evals: list[dict] = []  # eval: rows (runtime/evaluate.py), in arrival order
         self.backend_name = backend
         self.backend_kw = {"lease_s": lease_s, "address": address, "shards": shards}
         self.out_dir = out_dir
@@ -415,7 +421,7 @@ class Driver:
                 except Exception as e:
                     raise self._lost("control actor", e) from None
                 spans.extend(c["spans"])
-                self.events.extend(c.get("events", ()))
+                self._take_events(c, metrics)
                 for rows, values in c["rewards"]:
                     rewards.update(zip(rows, values))
                 for _, n, reason in c["drops"]:
@@ -469,7 +475,8 @@ class Driver:
                     self._supervise(be, store, ctl, defer=True)
                     if self._deferred is not None:
                         continue
-                    if trainers and all(done[t] >= st.steps for t in trainers):
+                    if trainers and all(done[t] >= st.steps for t in trainers) \
+                            and self._eval_finished(st.steps):
                         break
                     if not trainers and fed >= st.steps * launch and self._all_consumed(store, fed):
                         break
@@ -497,7 +504,7 @@ class Driver:
             try:
                 c = ctl.collect()
                 spans.extend(c["spans"])
-                self.events.extend(c.get("events", ()))
+                self._take_events(c, metrics)
             except Exception:
                 pass
             workers = self._workers_info(be) if self.started else {}
@@ -509,6 +516,7 @@ class Driver:
                 result.consumed = {t.name: store.consumed(t.name) for t in plan.tasks}
             except Exception:
                 pass
+            result.evals = list(self.evals)
             metrics.close()
             train_rows.close()
             samples_log.close()
@@ -526,6 +534,24 @@ class Driver:
         return result
 
     # -- internals -----------------------------------------------------------------------------
+    def _take_events(self, c: dict, metrics: MetricsLog) -> None:
+        """Run events from the workers; an ``eval`` event's row (runtime/evaluate.py) is a line
+        of metrics.jsonl of its own and one of :attr:`evals`, not a run event."""
+        for ev in c.get("events", ()):
+            if ev.get("event") == "eval":
+                self.evals.append(ev["row"])
+                metrics.append_eval(ev["row"])
+            else:
+                self.events.append(ev)
+
+    def _eval_finished(self, steps: int) -> bool:
+        """eval: the run ends once the final version is evaluated (evaluate.py, rule 3), or
+        when the evaluating worker is gone (nothing would evaluate it)."""
+        ev = self.plan.eval
+        if ev is None or any(r.get("eval/version", -1) >= steps for r in self.evals):
+            return True
+        return self._status.get(ev.worker) not in ("running", "starting", "restarted")
+
     def _primary(self, trainers: list[str]) -> str | None:
         """The train task whose version the rollouts follow (a sync edge's source)."""
         srcs = [s.src for s in self.plan.sync if s.src in trainers]

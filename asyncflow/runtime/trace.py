@@ -192,6 +192,18 @@ class MetricsLog:
             for lg in self._each():
                 lg.log(row["step"], row)
 
+    def append_eval(self, row: dict) -> None:
+        """An evaluation's row (``eval/...`` keys; ``step``: the version it ran on,
+        runtime/evaluate.py): a line of its own in metrics.jsonl and in every logger, kept in
+        :attr:`evals`, not :attr:`rows` (one per train step)."""
+        row = _clean(row)
+        self.__dict__.setdefault("evals", []).append(row)
+        if self._f:
+            self._f.write(json.dumps(row) + "\n")
+            self._f.flush()
+        for lg in self._each():
+            lg.log(row["step"], row)
+
     def text(self, step: int, samples: list[dict]) -> None:
         """A step's sample rows (TensorBoard's text tab, every logger's samples)."""
         if samples:

@@ -184,6 +184,7 @@ class Worker(ServeLoop, StepReads):
                                   if s.src == self.task.name), default=1)
         self.engine: Any = None
         self.adopter: Adopter | None = None
+        self.evaluator = None  # eval: this worker evaluates (asyncflow.runtime.evaluate)
         self._crash = False
         self._stopped = False
         self._newer: dict = {}
@@ -491,6 +492,29 @@ class Worker(ServeLoop, StepReads):
         self._sync(force=True)
         if self.opt.get("restarted") and self._newer and self.adopter is not None:
             self._adopt(None, {})  # a restarted worker takes the newest weights before anything
+        ev = self.plan.eval
+        if ev is not None and ev.worker == self.id and self.engine is not None:
+            from asyncflow.runtime.evaluate import Evaluator
+
+            self.evaluator = Evaluator(self.plan, self.paths)
+            start = int(self.opt.get("start_step", 0))  # resumed: earlier versions were done
+            self.evaluator.pending = [v for v in self.evaluator.pending if v >= start]
+            self._evaluate()  # version 0: the initial weights, before the first READ
+
+    def _evaluate(self) -> None:
+        """eval: evaluate on this worker's engine, between requests, when it holds a version the
+        plan lists; the row goes to the driver as an ``eval`` event (runtime/evaluate.py)."""
+        ev = self.evaluator
+        version = self._version() or 0
+        if ev is None or ev.due(version) is None:
+            return
+        self._enter("EVAL")
+        t = time.time()
+        row = ev.run(self.engine, version, self._to_roles, self._to_fields)
+        self.rec.span("EVAL", int(row.get("eval/n") or 0), t, version=version)
+        self._progress += 1
+        self._events.append({"t": time.time(), "event": "eval", "worker": self.id, "row": row})
+        self._sync(force=True)
 
     def _version(self) -> int | None:
         return self.adopter.version if self.adopter else None
@@ -565,6 +589,7 @@ class Worker(ServeLoop, StepReads):
                 if gone > 0:  # on_update: abort -- the samples in flight start again
                     now = time.time()
                     self.rec.span("ABORT", gone, now, now, version=self.adopter.version)
+                self._evaluate()  # eval: a version the plan lists (between requests)
         return True
 
     def _read(self, op: Op, it: dict) -> bool:
