@@ -56,6 +56,7 @@ class DataDef:
     args: dict = field(default_factory=dict)
     fields: tuple[str, ...] = ()
     epochs: int | None = None  # passes over the rows the run may make (None: as many as needed)
+    split: str | None = None  # the split of a data set directory or hub data set (None: its only one)
     loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()
 

@@ -42,6 +42,7 @@ DATA = {
     "source": Key("str", required=True), "args": Key("map", default={}),
     "fields": Key("names", required=True),
     "epochs": Key("int", min=1),  # passes over the data the run may make (default: as needed, warned)
+    "split": Key("str"),  # a data set directory's or hub data set's split (default: its only one)
 }
 POOL = {"devices": Key("int", required=True, min=1), "resources": Key("map", default={}),
         "share_process": Key("bool", default=True)}

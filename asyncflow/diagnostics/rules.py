@@ -131,13 +131,22 @@ CODES = [
     Code("AF342", "file-not-found", "{key} '{path}' does not exist (looked in {where})",
          (mutate("asyncflow.datasets:digits", "no_such_dir/prompts.jsonl", at="no_such_dir"),)),
     Code("AF343", "bad-source",
-         "data source '{source}': '{value}' is neither a \"module:function\" reference nor a "
-         ".jsonl, .json or .parquet file",
+         "data source '{source}': '{value}' is not a \"module:function\" reference, a .jsonl, "
+         ".json or .parquet file, a data set directory, nor a hub data set id org/name",
          (mutate("asyncflow.datasets:digits", "prompts.csv", at="prompts.csv"),)),
     Code("AF344", "bad-init",
          "model '{model}': init '{value}' is neither a \"module:factory\" reference, a path, nor a "
          "model id like org/name",
          (mutate("init: asyncflow.models:tiny_decoder", "init: tiny decoder!", at="tiny decoder!"),)),
+    # -- AF39x data sources: splits and data set directories (AF342/AF343: not found, no source)
+    Code("AF390", "bad-split", "data source '{source}': {problem}",
+         (mutate("    fields: [prompt, answer]\n", "    fields: [prompt, answer]\n    split: train\n",
+                 at="train\n"),)),
+    Code("AF391", "not-a-dataset-dir",
+         "data source '{source}': directory '{path}' holds no data set: neither one that "
+         "save_to_disk wrote (dataset_dict.json or state.json) nor data files (.jsonl, .json, "
+         ".parquet, .csv, .arrow, ...) that load_dataset reads",
+         (mutate("asyncflow.datasets:digits", ".", at=".\n    args"),)),
     # -- AF35x weight sync --------------------------------------------------------------------
     Code("AF350", "sync-unknown-task", "sync edge: there is no task '{name}'",
          (mutate("{from: update, to: generate", "{from: updte, to: generate", at="updte"),)),

@@ -10,6 +10,7 @@ CODES = [
     Code("AF606", "data-too-few",
          "data source '{name}' ({source}) has {rows:,} prompts: epochs {epochs} give "
          "{have:,}, but {steps} steps x {pps} prompts need {need:,} (epochs >= {passes})"),
+    Code("AF607", "data-split", "data source '{name}' ({source}): {problem}"),
     Code("AF604", "cluster-lacks-resources",
          "pool '{pool}' needs {need:g} {resource} in one bundle but no node of the Ray cluster has "
          "that much (the largest has {have:g}; the cluster: {cluster})"),

@@ -70,6 +70,7 @@ class SourcePlan:
     fields: list[str] = field(default_factory=list)
     epochs: int | None = None  # passes over the rows the run may make (None: as needed)
     locs: dict = field(default_factory=dict)  # "source", "fields.i", "epochs" -> "file:line:col"
+    split: str | None = None  # the split of a data set directory or hub data set (None: its only one)
 
 
 @dataclass

@@ -1,19 +1,27 @@
-"""The prompts a run feeds: its data source read, checked, and measured against what it needs.
+"""The rows a run feeds: its data sources read, checked, and measured against what it needs.
 
-:func:`load_prompts` reads the plan's (first) data source: a data file is looked up as the
-validate pass does (absolute, else beside the pipeline file, else in the working directory) and
-read by :mod:`asyncflow.datasets`; a ``module:factory`` is imported from the run's search path
-(:func:`asyncflow.refs.search_path`), as ``check`` finds it. Every problem is a user error
-located in the pipeline at the data source (or in the data file, where the loader says where):
+:func:`load_rows` reads any named data source of the plan; :func:`load_prompts` reads the one the
+training steps draw prompts from (the first source an ``eval:`` section does not name) and checks
+that it has enough rows for the run. How a source is read is :mod:`asyncflow.datasets`' table: a
+``module:factory`` is imported from the run's search path (:func:`asyncflow.refs.search_path`) as
+``check`` finds it; a file or directory is looked up as the validate pass does (absolute, else
+beside the pipeline file, else in the working directory); ``org/name[@revision]`` that is no such
+directory is a hub data set (``split:`` picks a split). Rows come back as plain Python, so a chat
+prompt (a list of ``{role, content}`` messages) reaches the tasks as written. Every problem is a
+user error located in the pipeline at the data source (or in the data file, where the loader says
+where):
 
 =======  ==================================================================================
 code     when
 =======  ==================================================================================
-AF601    the file or factory cannot be read (a factory that raises anything included)
+AF601    the file, directory, hub data set or factory cannot be read (a factory that raises
+         anything included; a hub data set not cached under ``HF_HUB_OFFLINE=1``)
 AF602    it gives no rows
 AF603    a row lacks a declared field (located at that field in ``fields:``)
 AF605    a declared field is null in some row (located at that field)
 AF606    ``epochs: E`` is declared but E passes over the rows are fewer than the run needs
+AF607    ``split:`` names a split the source does not have, or it has several and none is named
+         (located at ``split:``, else at the source)
 =======  ==================================================================================
 
 A source with fewer prompts than ``steps x prompts_per_step`` is read again from the start
@@ -21,7 +29,6 @@ A source with fewer prompts than ``steps x prompts_per_step`` is read again from
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
@@ -31,19 +38,72 @@ from asyncflow import refs
 from asyncflow.plan import Plan
 
 
+def train_source(plan: Plan):
+    """The data source training prompts come from: the first one an ``eval:`` section (if the
+    plan has one) does not name."""
+    ev = getattr(plan, "eval", None)
+    held_out = getattr(ev, "data", None) if ev is not None else None
+    for src in plan.data:
+        if src.name != held_out:
+            return src
+    return plan.data[0] if plan.data else None
+
+
 def load_prompts(plan: Plan, paths: list[str] | None = None,
                  warn: Callable[[str], None] | None = None) -> list[dict]:
-    """The rows of the plan's (first) data source, restricted to its declared fields; see the
-    module docstring for the errors. ``warn`` receives the epochs warning (default: stderr)."""
+    """The rows of the plan's training data source (:func:`train_source`), restricted to its
+    declared fields and checked to be enough for the run (AF606, or the epochs warning, which
+    ``warn`` receives; default: stderr); see the module docstring for the errors."""
+    src = train_source(plan)
+    if src is None:
+        from asyncflow.runtime.driver import RunError
+
+        raise RunError("the plan has no data source")
+    rows, fail = _load(plan, src, paths)
+    _check_epochs(plan, src, len(rows), warn, fail)
+    return rows
+
+
+def load_rows(plan: Plan, source: str, paths: list[str] | None = None) -> list[dict]:
+    """The rows of the plan's data source named ``source``, restricted to its declared fields
+    (no epochs check: an evaluation reads its rows once); see the module docstring for the
+    errors. ``paths``: the search path (default: the pipeline's directory, then the CWD)."""
+    src = next((d for d in plan.data if d.name == source), None)
+    if src is None:
+        from asyncflow.runtime.driver import RunError
+
+        raise RunError(f"the plan has no data source '{source}' (it has: "
+                       f"{', '.join(d.name for d in plan.data) or 'none'})")
+    return _load(plan, src, paths)[0]
+
+
+def read_source(src, paths: list[str]) -> list:
+    """The raw rows of data source ``src`` (a SourcePlan), read as :mod:`asyncflow.datasets`
+    says; raises what the loader raises."""
+    from asyncflow import datasets
+
+    s, split = src.source, getattr(src, "split", None)
+    found = refs.find_file(s, paths)
+    if found is not None and found.is_dir():
+        return datasets.directory(str(found), split, **(src.args or {}))
+    if s.lower().endswith(datasets.DATA_SUFFIXES):
+        path = str(found or s)
+        if s.lower().endswith(".jsonl"):
+            return datasets.jsonl(path)
+        if s.lower().endswith(".parquet"):
+            return datasets.parquet(path)
+        return datasets.json_file(path)
+    if found is None and datasets.HUB_DATA_ID.match(s):
+        return datasets.hub(s, split, **(src.args or {}))
+    return list(refs.resolve(s, paths)(**(src.args or {})))
+
+
+def _load(plan: Plan, src, paths: list[str] | None):
+    """``src``'s rows restricted to its declared fields, and the ``fail`` that makes its errors."""
     from asyncflow import datasets
     from asyncflow.diagnostics import error
     from asyncflow.loc import SourceLoc, Sources
 
-    if not plan.data:
-        from asyncflow.runtime.driver import RunError
-
-        raise RunError("the plan has no data source")
-    src = plan.data[0]
     s = src.source
     locs = src.locs or {}
     here = SourceLoc.parse(locs.get("")) or SourceLoc(plan.source_file or "<plan>", 1, 1)
@@ -57,17 +117,10 @@ def load_prompts(plan: Plan, paths: list[str] | None = None,
         return error(code, loc, sources=sources, name=src.name, source=s, **fmt)
 
     try:
-        if s.endswith((".jsonl", ".json", ".parquet")):
-            path = str(refs.find_file(s, paths) or s)
-            if s.endswith(".jsonl"):
-                rows = datasets.jsonl(path)
-            elif s.endswith(".parquet"):
-                rows = datasets.parquet(path)
-            else:
-                with open(path) as f:
-                    rows = json.load(f)
-        else:
-            rows = list(refs.resolve(s, paths)(**(src.args or {})))
+        rows = read_source(src, paths)
+    except datasets.SplitError as e:
+        at = SourceLoc.parse(locs.get("split")) or at_source
+        raise fail("AF607", at, problem=str(e)) from None
     except (OSError, ValueError, ImportError, TypeError) as e:
         reason = str(e)
         m = re.match(r"^(.+?):(\d+): (.*)$", reason)
@@ -91,8 +144,7 @@ def load_prompts(plan: Plan, paths: list[str] | None = None,
                 raise fail("AF603", at, row=i, field=f)
             if r[f] is None:
                 raise fail("AF605", at, row=i, field=f)
-    _check_epochs(plan, src, len(rows), warn, fail)
-    return [{f: r[f] for f in fields} for r in rows]
+    return [{f: r[f] for f in fields} for r in rows], fail
 
 
 def _check_epochs(plan: Plan, src, n: int, warn, fail) -> None:

@@ -195,7 +195,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         models.append(ModelPlan(name, init, plain(args), m.frozen, m.copy_of,
                                 None if m.frozen else trained.get(name)))
     data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields), d.epochs,
-                       {"": _loc(d), **{k: str(v) for k, v in d.locs.items() if v.line}})
+                       {"": _loc(d), **{k: str(v) for k, v in d.locs.items() if v.line}}, d.split)
             for d in p.data.values()]
     data.sort(key=lambda s: s.name == held_out(p))  # a source held out for eval: comes last
     pools = [PoolPlan(name, v["devices"], placement["device_kind"],

@@ -332,17 +332,62 @@ def _check_ref(p: ast.Pipeline, ref: str, key: str, loc: SourceLoc, d: Diagnosti
 
 
 def _check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
+    """A data source is found as ``run`` reads it (:func:`asyncflow.runtime.data.read_source`):
+    a ``module:function``, a directory (``save_to_disk``'s or ``load_dataset``'s), a .jsonl,
+    .json or .parquet file, or a hub data set ``org/name[@revision]``; ``split:`` only where the
+    source has splits, and one it has where that is cheap to know (AF390)."""
+    from asyncflow import datasets
+
     loc = _at(src, "source")
     v = src.source
     if not isinstance(v, str):
         return
+    bad_split = lambda problem, hint=None: d.add("AF390", _at(src, "split"), hint,  # noqa: E731
+                                                 source=src.name, problem=problem)
+    found = None if REF_RE.match(v) else _find_file(p, v)
     if REF_RE.match(v):
         _check_ref(p, v, "source", loc, d)
+        if src.split is not None:
+            bad_split('split applies to a data set directory or a hub data set; a "module:function" '
+                      "source returns its rows (choose them with its args)")
+    elif found is not None and found.is_dir():
+        _check_data_dir(src, v, found, d, bad_split)
     elif v.lower().endswith(DATA_SUFFIXES):
-        if _find_file(p, v) is None:
+        if found is None:
             d.add("AF342", loc, key="source", path=v, where=_where(p, v))
+        if src.split is not None:
+            bad_split(f"a {Path(v).suffix} file has no splits (split applies to a data set "
+                      "directory or a hub data set): drop it, or keep each split in its own file")
+    elif found is None and datasets.HUB_DATA_ID.match(v):
+        repo, rev = datasets.HUB_DATA_ID.match(v).group("repo", "rev")
+        if datasets.offline() and not datasets.hub_cached(repo, rev):
+            caches = " nor ".join(str(c) for c in datasets.hub_caches())
+            d.add("AF342", loc, key="source", path=v,
+                  where=f"{_where(p, v)}; as a hub data set, not in the Hugging Face cache ({caches}) "
+                        "and HF_HUB_OFFLINE is set, so nothing is downloaded")
+    elif found is None and ("/" in v or v.startswith((".", "~"))):
+        d.add("AF342", loc, key="source", path=v, where=_where(p, v))
     else:
         d.add("AF343", loc, source=src.name, value=v)
+
+
+def _check_data_dir(src: ast.DataDef, v: str, found: Path, d: Diagnostics, bad_split) -> None:
+    from asyncflow import datasets
+
+    splits = datasets.saved_splits(found)
+    if splits is None:  # not save_to_disk's: load_dataset's data files (split names not cheap)
+        if not datasets.has_data_files(found):
+            d.add("AF391", _at(src, "source"), source=src.name, path=v)
+        return
+    if src.split is None:
+        if len(splits) > 1:
+            d.add("AF390", _at(src, "source"), source=src.name,
+                  problem=f"'{v}' holds the splits {', '.join(splits)}: say which with `split:`")
+        return
+    base = src.split.split("[")[0]  # train[:100]: a slice of a split
+    if base not in splits:
+        has = f"its splits are {', '.join(splits)}" if splits else "it is one data set with no split names"
+        bad_split(f"'{v}' has no split '{base}': {has}", did_you_mean(base, splits))
 
 
 # -- 5. weight sync -------------------------------------------------------------------------------
