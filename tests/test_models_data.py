@@ -82,7 +82,7 @@ def test_jsonl_loader(tmp_path):
 
 
 def test_parquet_loader(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa  # the `data` extra, in `dev`: this test runs in CI, it never skips
     import pyarrow.parquet as pq
 
     p = tmp_path / "d.parquet"
