@@ -30,8 +30,10 @@ from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
-from asyncflow.kinds import KINDS, REF_KEYS, SCHED_KEYS, sched_owners
-from asyncflow.refs import find_file, find_module, search_path, top_level_names
+from asyncflow.argtable import ENGINE_ARGS, Arg, declared_args, owners
+from asyncflow.kinds import ESTIMATORS, KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
+from asyncflow.refs import (find_file, find_module, function_params, search_path,
+                            top_level_names)
 
 # the keys each kind needs and takes, and which kinds must write something: the kinds table
 KEYS = {k: (v.needs, v.takes) for k, v in KINDS.items()}
@@ -41,18 +43,12 @@ ENGINE_RUNS = {"vllm": ("rollout",), "deepspeed": ("train", "logprob", "value")}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-# task args the compiler knows: (type, lower bound, bound is strict)
-ARGS = {
-    "micro_batch": ("int", 1, False), "max_new_tokens": ("int", 1, False),
-    "slots": ("int", 1, False), "max_turns": ("int", 1, False),
-    "temperature": ("num", 0, False), "lr": ("num", 0, True), "kl_coef": ("num", 0, False),
-    "seconds_per_sample": ("num", 0, False),
-}
-
-
 # task args that may be a number or a distribution ({dist: ..., seed: ...}): the sim engine's
 # latency and lengths, and a rollout's per-row length cap (long-tailed response lengths)
-DIST_ARGS = ("latency", "response_tokens", "max_new_tokens")
+DIST_ARGS = tuple(dict.fromkeys(a.name for t in ENGINE_ARGS.values() for a in t
+                                if a.type.endswith("|dist")))
+# kinds whose args go to a user function (``fn:``), besides the compiler's
+FN_KINDS = tuple(k for k, v in KINDS.items() if v.fn_inputs)
 
 
 def validate(graph: Graph, diags: Diagnostics) -> None:
@@ -443,18 +439,17 @@ def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
 # -- 6. batches and args --------------------------------------------------------------------------
 def _batch(p: ast.Pipeline, d: Diagnostics) -> None:
     total = p.step.samples_per_step
+    plugins: dict[str, tuple[Arg, ...] | str] = {}  # plug-in engine -> its ARGS, or why none
     for t in p.tasks.values():
-        for key, v in t.args.items():
-            if key in ARGS and not (key in DIST_ARGS and isinstance(v, dict)):
-                _check_arg(t, key, v, d)
-        for section, key in [("args", k) for k in DIST_ARGS]:
+        unknown = _args(p, t, d, plugins)
+        for section, key in [("args", k) for k in DIST_ARGS if k not in unknown]:
             spec = getattr(t, section).get(key)
             problem = _distribution_problem(spec) if spec is not None else None
             if problem:
                 d.add("AF362", _at(t, f"{section}.{key}"), key=f"{section}.{key}", task=t.name,
                       problem=problem)
         mb = t.args.get("micro_batch")
-        if not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1):
+        if not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1) or "micro_batch" in unknown:
             continue
         reps = t.replicas if t.kind == "train" else 1
         unit = mb * reps
@@ -463,6 +458,105 @@ def _batch(p: ast.Pipeline, d: Diagnostics) -> None:
             divs = [str(k) for k in range(1, total + 1) if total % (k * reps) == 0][:12]
             d.add("AF360", _at(t, "args.micro_batch"),
                   f"micro_batch values that fit: {', '.join(divs)}", total=total, what=what, task=t.name)
+
+
+def _args(p: ast.Pipeline, t: ast.TaskDef, d: Diagnostics, plugins: dict) -> set[str]:
+    """Every arg of ``t`` is declared by one of its owners (:func:`asyncflow.argtable.owners`:
+    its engine for its kind, its loss or estimator, the compiler) or accepted by its user
+    function (``fn:``, or a rollout's ``env:`` factory, read from source; a function that takes
+    ``**kwargs`` or cannot be read accepts anything), and a declared one has its type (AF211)
+    and bounds (AF361). An unknown arg is AF210, one a function does not take AF212. A plug-in
+    engine without a readable ``ARGS`` leaves its tasks unchecked (AF213, once per engine).
+    Returns the args reported (unknown, or of a wrong type or value)."""
+    if not t.args:
+        return set()
+    takes = KEYS[t.kind][0] + KEYS[t.kind][1]
+    engine = t.engine if "engine" in takes else None
+    engine_args = None
+    checked = True  # whether every owner is known, so an arg none declares is unknown
+    if engine is not None and engine not in ENGINE_ARGS:
+        from asyncflow.engines.base import engine_names
+
+        target = engine_names().get(engine)
+        if target is None:  # AF323 already
+            checked = False
+        else:
+            if engine not in plugins:
+                plugins[engine] = declared_args(target, _bases(p))
+                if isinstance(plugins[engine], str):
+                    d.add("AF213", _at(t, "engine"), engine=engine, why=plugins[engine])
+            if isinstance(plugins[engine], str):
+                checked = False
+            else:
+                engine_args = plugins[engine]
+    if (t.kind == "train" and t.loss not in LOSSES) or (
+            t.kind == "advantage" and t.estimator not in ESTIMATORS):
+        checked = False  # AF331 / AF330 / AF325 already
+    table = owners(t.kind, engine, t.loss, t.estimator, engine_args)
+    known: dict[str, Arg] = {}
+    for _, args in table:
+        for name, a in args.items():
+            known.setdefault(name, a)
+    fn_key = "fn" if t.kind in FN_KINDS else ("env" if t.kind == "rollout" and t.env else None)
+    ref = getattr(t, fn_key) if fn_key else None
+    params = function_params(ref, _bases(p)) if ref else None
+    fn_open = ref is not None and (params is None or params.var_keyword)
+    unknown: set[str] = set()
+    for key, v in t.args.items():
+        vloc = _at(t, f"args.{key}")
+        loc = _key_at(d, vloc, key)
+        a = known.get(key)
+        if a is not None:
+            found = a.problem(v)
+            if found:  # a wrong type at the key (up to the value's end), a bound at the value
+                code, expected = found
+                if code == "AF211" and loc != vloc:
+                    loc = SourceLoc(loc.file, loc.line, loc.col, vloc.end_line or vloc.line,
+                                    vloc.end_col or vloc.col)
+                d.add(code, loc if code == "AF211" else vloc, key=key, task=t.name,
+                      expected=expected, got=_shown(v))
+                unknown.add(key)  # reported: not again as a distribution (AF362)
+            continue
+        if fn_open or not checked or (params is not None and params.accepts(key)):
+            continue
+        unknown.add(key)
+        names = list(known) + [n for n in (params.positional + params.keyword_only if params else ())
+                               if n not in known]
+        hint = did_you_mean(key, names) or (f"it takes: {', '.join(names)}" if names
+                                            else "it takes no args")
+        if t.kind in FN_KINDS and ref is not None:
+            d.add("AF212", loc, hint, key=key, task=t.name, fn=ref)
+            continue
+        whose = [who for who, args in table if args]
+        if ref is not None:
+            whose.append(f"the parameters of env {ref}")
+        d.add("AF210", loc, hint, key=key, task=t.name,
+              owners=", ".join(whose[:-1]) + (" nor " if len(whose) > 1 else "") + whose[-1]
+              if whose else "nothing: it takes no args")
+    return unknown
+
+
+def _key_at(d: Diagnostics, loc: SourceLoc, key: str) -> SourceLoc:
+    """Where ``key`` is written before its value at ``loc`` (``key: v`` in YAML, ``key=v`` in the
+    DSL and in ``--set``), on the value's line; the value's place when the key is elsewhere."""
+    text = d.sources.line(loc) if loc.line else None
+    if not text:
+        return loc
+    hits = [m for m in re.finditer(rf"(?<![\w-])['\"]?({re.escape(key)})['\"]?\s*[:=]", text)
+            if m.end() <= loc.col - 1 + 1]
+    if not hits:
+        return loc
+    col = hits[-1].start(1) + 1
+    return SourceLoc(loc.file, loc.line, col, loc.line, col + len(key))
+
+
+def _shown(v: Any) -> str:
+    """A value as a message shows it: numbers, strings, bools and null by value, else its type."""
+    if v is None or isinstance(v, (int, float, str, bool)):
+        return repr(v)
+    if isinstance(v, list):
+        return f"a list of {len(v)}"
+    return "a mapping" if isinstance(v, dict) else type(v).__name__
 
 
 # -- 7. scheduling keys ---------------------------------------------------------------------------
@@ -501,16 +595,6 @@ def _scheduling(p: ast.Pipeline, d: Diagnostics) -> None:
                 why = ("it has no args.micro_batch, so a step is one micro-batch" if mb is None
                        else f"micro_batch {mb} is the whole step ({sps} samples)")
                 d.add("AF383", _at(t, "stream"), task=t.name, why=why)
-
-
-def _check_arg(t: ast.TaskDef, key: str, v: Any, d: Diagnostics) -> None:
-    typ, low, strict = ARGS[key]
-    ok = (isinstance(v, int) and not isinstance(v, bool)) if typ == "int" else _is_num(v)
-    if ok and (v > low if strict else v >= low):
-        return
-    expected = ("an integer" if typ == "int" else "a number") + (f" > {low}" if strict else f" >= {low}")
-    got = repr(v) if _is_num(v) or isinstance(v, (str, bool)) or v is None else type(v).__name__
-    d.add("AF361", _at(t, f"args.{key}"), key=key, task=t.name, expected=expected, got=got)
 
 
 def _distribution_problem(v: Any) -> str | None:
