@@ -23,7 +23,7 @@ from typing import Any
 from asyncflow.runtime import checkpoint
 
 RUN_FILES = ("plan.json", "metrics.jsonl", "trace.json", "workers.json", "train_rows.jsonl",
-             "resume.jsonl", "tensorboard", checkpoint.CKPT_DIR,
+             "resume.jsonl", "tensorboard", "samples.jsonl", checkpoint.CKPT_DIR,
              "final")  # RUN_DIR/final/<model>: the trained models (asyncflow.runtime.export)
 # what the user wrote comes first in a plan's differences; what the compiler derived after
 USER_KEYS = ("pipeline", "seed", "step", "models", "data", "pools", "tasks", "sync")
