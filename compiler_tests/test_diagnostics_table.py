@@ -17,6 +17,7 @@ from asyncflow.errors import UserError
 from conftest import PIPELINES, ROOT, pipeline_files, position
 
 NO_EXAMPLE = {"AF100", "AF106"}  # unreadable file, unknown suffix: dedicated tests below
+NO_EXAMPLE.add("AF213")  # a plug-in engine without ARGS: tests/test_argtable.py installs one
 # AF401 (placement: pool capacity) restates validate's AF321, which catches its example first;
 # the placement pass's own tests check it alone
 SHADOWED = {"AF401": "AF321"}

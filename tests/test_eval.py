@@ -174,3 +174,22 @@ def test_hf_run_local_greedy_eval(tmp_path):
     assert [e["eval/target"] for e in evals] == [0, 1, 2] and evals[-1]["eval/version"] == 2
     assert all(e["eval/n"] == 3 and isinstance(e["eval/reward"], float) for e in evals)
     assert len(r.metrics) == 2
+
+
+def test_viz_draws_eval_rows_apart_from_steps(tmp_path):
+    from asyncflow.viz.metrics import build_panels, eval_keys, load_metrics, render_metrics
+
+    rows = [{"step": 0, "eval/reward": 0.1, "eval/n": 4, "eval/version": 0, "eval/target": 0}]
+    for s in range(4):
+        rows.append({"step": s, "reward_mean": 0.1 * s, "samples_per_s": 10.0})
+    rows.append({"step": 4, "eval/reward": 0.5, "eval/n": 4, "eval/version": 4, "eval/target": 4})
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = load_metrics(path)
+    assert eval_keys(records) == ["eval/reward"]
+    panels = build_panels(records, ("reward_mean", "eval/reward"))
+    assert [p.name for p in panels] == ["reward", "eval/reward"]
+    svg = render_metrics(records, ("reward_mean", "eval/reward")).to_svg()
+    # the step curve is one unbroken line of 4 points, the eval curve one line of 2
+    assert svg.count('data-key="reward_mean"') == 1 and svg.count('data-key="eval/reward"') == 1
+    assert "4 train steps, 2 evaluations" in svg

@@ -176,7 +176,7 @@ CODES = [
          (mutate("micro_batch: 8", "micro_batch: 6", at="6}"),)),
     Code("AF361", "bad-arg", "'args.{key}' of task '{task}' must be {expected}, not {got}",
          (mutate("{max_new_tokens: 8}", "{max_new_tokens: -5}", at="-5"),
-          mutate("micro_batch: 8", "micro_batch: eight", at="eight"))),
+          mutate("{lr: 1.0e-4,", "{lr: 0.0,", at="0.0,"))),  # a wrong type: AF211
     Code("AF362", "bad-distribution", "'{key}' of task '{task}': {problem}",
          (mutate("    engine: hf\n    model: policy\n    pool: rollout\n    inputs: [prompt]\n"
                  "    outputs: [response, logprobs]\n    args: {max_new_tokens: 8}",

@@ -7,6 +7,11 @@ Keys are grouped into panels: ``reward_mean`` and ``reward_max`` share a ``rewar
 a shaded mean +- std band. A key whose values are mappings (``utilization: {pool: f}``,
 ``queue_depth: {task: n}``) draws one line per entry. Missing values break a line rather than
 being invented; a line with few points shows its points.
+
+Evaluation rows (``eval:``; lines of their own with an ``eval/version`` key,
+:mod:`asyncflow.runtime.evaluate`) are drawn too: each ``eval/<metric>`` gets a panel of its own,
+its points at the policy version they were evaluated on (the train steps done), and the train
+curves are drawn from the step rows alone.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ from asyncflow.viz.svg import PALETTE, Canvas, VizError, fmt_num, html_table, ni
     text_width
 
 DEFAULT_KEYS = ("reward_mean", "samples_per_s", "staleness_mean", "staleness_max")
+# keys of an eval row that are bookkeeping, not a metric to draw
+EVAL_BOOKKEEPING = ("eval/n", "eval/version", "eval/target", "eval/seconds")
 WIDTH = 900
 PANEL_H = 190
 GAP = 62
@@ -78,6 +85,28 @@ def _num(x) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def is_eval(rec: dict) -> bool:
+    """An evaluation's row (runtime/evaluate.py), not a train step's."""
+    return "eval/version" in rec
+
+
+def eval_keys(records: list[dict]) -> list[str]:
+    """The ``eval/<metric>`` keys the eval rows carry (their std and bookkeeping left out)."""
+    out: list[str] = []
+    for r in records:
+        if is_eval(r):
+            for k in r:
+                if k.startswith("eval/") and k not in EVAL_BOOKKEEPING and not k.endswith("_std") \
+                        and k not in out:
+                    out.append(k)
+    return out
+
+
+def _of(records: list[dict], key: str) -> list[dict]:
+    """The rows a series of ``key`` is drawn from: eval rows for ``eval/`` keys, else step rows."""
+    return [r for r in records if is_eval(r) == key.startswith("eval/")]
+
+
 def _value(rec: dict, s: Series) -> float | None:
     v = rec.get(s.key)
     if s.sub is not None:
@@ -99,7 +128,10 @@ def build_panels(records: list[dict], keys=DEFAULT_KEYS) -> list[Panel]:
         values = [r.get(key) for r in records if r.get(key) is not None]
         if not values:
             continue
-        panel = panels.setdefault(group, Panel(group, TITLES.get(group, group.replace("_", " "))))
+        title = TITLES.get(group, group.replace("_", " "))
+        if group.startswith("eval/"):
+            title = f"{group} (held-out prompts, by the policy version evaluated)"
+        panel = panels.setdefault(group, Panel(group, title))
         if any(isinstance(v, dict) for v in values):
             subs = []
             for v in values:
@@ -152,11 +184,14 @@ def render_metrics(records: list[dict], keys=DEFAULT_KEYS, title: str = "Run met
                color="#555555")
         return c
     xs = _xs(records)
+    steps = [r for r in records if not is_eval(r)]
     top = 56
     height = top + len(panels) * (PANEL_H + GAP) + 10
     c = Canvas(WIDTH, height)
     c.text(LEFT, 26, title, 18, bold=True)
-    c.text(LEFT, 44, f"{len(records)} train steps", 12, color="#555555")
+    n_eval = len(records) - len(steps)
+    c.text(LEFT, 44, f"{len(steps)} train steps" + (f", {n_eval} evaluations" if n_eval else ""),
+           12, color="#555555")
     plot_w = WIDTH - LEFT - RIGHT
     x_lo, x_hi = min(xs), max(xs)
     if x_hi == x_lo:
@@ -193,9 +228,12 @@ def render_metrics(records: list[dict], keys=DEFAULT_KEYS, title: str = "Run met
         if i == len(panels) - 1:
             c.text(LEFT + plot_w / 2, y0 + PANEL_H + 36, "train step", 12, "middle")
         if panel.band:
-            _band(c, records, xs, panel.band, fx, fy, panel.series[0].color)
+            _band(c, steps, [x for r, x in zip(records, xs) if not is_eval(r)], panel.band, fx,
+                  fy, panel.series[0].color)
         for s in panel.series:
-            _line(c, records, xs, s, fx, fy, show_points=len(records) <= 60)
+            rs = _of(records, s.key)
+            _line(c, rs, [x for r, x in zip(records, xs) if is_eval(r) == s.key.startswith("eval/")],
+                  s, fx, fy, show_points=len(rs) <= 60)
         _legend(c, panel, LEFT + plot_w, y0 - 10)
     return c
 
@@ -275,6 +313,8 @@ def draw_metrics(metrics_path, out_path: str, keys=DEFAULT_KEYS, title: str | No
     suffix (``.svg``, ``.png``, or ``.html`` with a first/last/min/max/mean table). Returns
     ``out_path``."""
     records = load_metrics(metrics_path)
+    if tuple(keys) == DEFAULT_KEYS:  # and the evaluations' metrics, when the run has them
+        keys = (*keys, *eval_keys(records))
     name = title or "Run metrics"
     canvas = render_metrics(records, tuple(keys), name)
     is_html = str(out_path).lower().endswith((".html", ".htm"))
