@@ -40,4 +40,21 @@ CODES = [
                  at="prompt]\n    outputs: [reward]"),)),
     Code("AF209", "wrong-section-type", "{what} must be a mapping of keys, not {got}",
          (mutate("  rollout: {devices: 1}", "  rollout: 1", at="1\n"),)),
+    # -- task args (asyncflow.argtable; reported by validate's rule 6) ----------------------------
+    Code("AF210", "unknown-arg",
+         "task '{task}' has no arg '{key}': it is none of {owners}",
+         (mutate("{lr: 1.0e-4, micro_batch: 8}", "{lrate: 1.0e-4, micro_batch: 8}", at="lrate"),
+          mutate("{max_new_tokens: 8}", "{max_tokens: 8}", at="max_tokens"),
+          mutate("    estimator: grpo", "    estimator: grpo\n    args: {gamma: 0.9}", at="gamma"))),
+    Code("AF211", "arg-wrong-type", "'args.{key}' of task '{task}' must be {expected}, not {got}",
+         (mutate("micro_batch: 8", "micro_batch: eight", at="micro_batch: eight"),
+          mutate("{lr: 1.0e-4,", "{lr: fast,", at="lr: fast"),
+          mutate("{lr: 1.0e-4,", "{lr: 1.0e-4, kl_estimator: k4,", at="kl_estimator"))),
+    Code("AF212", "fn-unknown-arg",
+         "arg '{key}' of task '{task}' is not a parameter of {fn} (which takes no **kwargs)",
+         (mutate("    outputs: [reward]", "    outputs: [reward]\n    args: {partail: true}",
+                 at="partail"),)),
+    Code("AF213", "engine-args-undeclared",
+         "engine '{engine}' declares no args that check can read ({why}): the args of its "
+         "tasks are not checked", severity="warning"),  # a plug-in: tests/test_argtable.py
 ]
