@@ -49,14 +49,22 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                   "tasks.",
     },
     "data source": {
-        "source": 'Where the rows come from: a "module:function" reference, or a .jsonl, .json '
-                  "or .parquet file.",
-        "args": "Keyword arguments of the source function.",
+        "source": 'Where the rows come from: a "module:function" reference; a .jsonl, .json '
+                  "or .parquet file; a directory written by datasets' save_to_disk, or one "
+                  "load_dataset reads (data files named by split); or a Hugging Face hub data set "
+                  "org/name[@revision] (the datasets library; under HF_HUB_OFFLINE=1 only from the "
+                  "cache). Paths are relative to the pipeline file, then the working directory; "
+                  "a directory of that name wins over the hub.",
+        "args": "Keyword arguments of the source function (of datasets.load_dataset for a hub "
+                "data set or a data-files directory, e.g. name: a configuration).",
         "fields": "The fields of a row, as tasks name them (each has the role 'data'); they "
                   "are the row's keys in the source.",
         "epochs": "How many passes over the rows the run may make. Without it, a source with "
                   "fewer prompts than steps x prompts_per_step is read again from the start and "
                   "the run warns; with it, too few passes is an error (AF606).",
+        "split": "The split of a data set directory or hub data set (train, test, or a slice "
+                 "like train[:1000] or train[:10%]). Needed where the source has several; a "
+                 "file or function has none (AF390).",
     },
     "pool": {
         "devices": "How many devices the pool has: GPUs, or CPU slots where there is no GPU.",
