@@ -189,6 +189,21 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(130)
 
 
+def _eval_rows(evals: list[dict]) -> list[tuple[str, str]]:
+    """eval: each eval/<metric> at its first and last evaluation, with the versions and the
+    time the evaluations took (runtime/evaluate.py)."""
+    if not evals:
+        return []
+    keys = [k for k in evals[0] if k.startswith("eval/") and not k.endswith("_std")
+            and k not in ("eval/n", "eval/version", "eval/target", "eval/seconds")]
+    first, last = evals[0], evals[-1]
+    span = f"v{first['eval/version']} -> v{last['eval/version']}"
+    out = [(f"{k} ({span})", f"{_fmt(first.get(k))} -> {_fmt(last.get(k))}") for k in keys]
+    secs = sum(e.get("eval/seconds") or 0.0 for e in evals)
+    out.append(("evaluations (n each, total s)", f"{len(evals)} ({first.get('eval/n')}, {secs:.2f})"))
+    return out
+
+
 def _summary(out, result, run_dir: str, Table) -> None:
     ms = result.metrics
     t = Table(title=f"run summary ({run_dir})", show_header=True)
@@ -206,6 +221,7 @@ def _summary(out, result, run_dir: str, Table) -> None:
         ("wall time (s)", f"{result.wall_s:.2f}"),
         ("samples/s (steps only)", _fmt(result.samples / busy if busy > 0 else None, ".1f")),
         ("reward (first -> last)", f"{_fmt(rw[0] if rw else None)} -> {_fmt(rw[-1] if rw else None)}"),
+        *_eval_rows(getattr(result, "evals", None) or []),
         ("staleness mean / max", f"{_fmt(sum(sm) / len(sm) if sm else None, '.2f')} / {max(stl) if stl else '-'}"),
         ("dropped (staleness)", str(sum(v for k, v in result.dropped.items()
                                         if k not in ("filter", "redundant")))),
