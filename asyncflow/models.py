@@ -1,40 +1,94 @@
-"""Model factories: a tiny Qwen2-style decoder built from a config in code, and a character
-tokenizer, so that real RL training runs on a CPU without downloading anything.
+"""Models and tokenizers: loading a pipeline's model (where the plan says it comes from, in its
+dtype), a tiny Qwen2-style decoder built from a config in code, a character tokenizer, and how a
+prompt becomes token ids.
 
 A model factory (the ``init: module:factory`` of a pipeline's ``models:``) returns a
 :class:`Loaded` ``(model, tokenizer)`` pair. The tokenizer protocol every engine relies on:
 
-================  ==========================================================
-member            meaning
-================  ==========================================================
-``encode(text)``  ``list[int]``, no special tokens added
-``decode(ids)``   ``str``, special tokens (pad/bos/eos) dropped
-``pad_id``        id used to pad batches (never a real token of a sample)
-``bos_id``        id prepended to every prompt, or ``None``
-``eos_id``        id that ends a response
-``vocab_size``    number of ids
-================  ==========================================================
+=====================  ==========================================================================
+member                 meaning
+=====================  ==========================================================================
+``encode(text)``       ``list[int]``, no special tokens added
+``decode(ids)``        ``str``, special tokens (pad/bos/eos) dropped
+``encode_prompt(p)``   ``(ids, text)``: a prompt value as the model sees it (:func:`encode_prompt`)
+``chat_template``      the Jinja chat template, or ``None``
+``pad_id``             id used to pad batches (never a real token of a sample)
+``bos_id``             the beginning-of-sequence id, or ``None``
+``eos_id``             id that ends a response
+``vocab_size``         number of ids
+``save(dir)``          writes files ``transformers.AutoTokenizer.from_pretrained(dir)`` loads
+=====================  ==========================================================================
+
+Prompts (as TRL treats conversational data): a list of ``{role, content}`` messages is rendered
+with the tokenizer's chat template and the generation prompt, then encoded without adding
+special tokens again (the template writes its own BOS: never a doubled one); any other value is
+a string used as is, encoded with the tokenizer's own special-token rules (the character
+tokenizer prepends ``<bos>``). Responses end at ``eos`` and are decoded without special tokens.
+A chat prompt for a tokenizer without a template is AF651.
+
+Loading is serialized process-wide (:data:`LOAD_LOCK`): colocated workers of one process build
+or read models at once, and transformers' lazy imports and torch's seeded draws must not
+interleave (they did: ``ImportError: cannot import name 'AutoModelForCausalLM'``).
 
 torch and transformers are imported inside functions only: ``asyncflow check`` resolves
 ``asyncflow.models:tiny_decoder`` without importing torch.
 """
 from __future__ import annotations
 
-import threading
-
 import json
 import os
 import string
+import threading
 from typing import Any, NamedTuple, Sequence
 
+from asyncflow.modelsrc import DEFAULT_DTYPE, DTYPES, Source, SourceError, is_chat
+
 TOKENIZER_FILE = "asyncflow_tokenizer.json"
+
+#: one model or tokenizer load at a time per process, whatever the path (factory, directory, hub)
+LOAD_LOCK = threading.RLock()
+_BUILD_LOCK = LOAD_LOCK  # the name tiny_decoder's lock had
 
 
 class Loaded(NamedTuple):
     """What a model factory returns; unpacks as ``model, tokenizer = tiny_decoder()``."""
 
-    model: Any  # a transformers causal LM (torch.nn.Module), fp32, on CPU
+    model: Any  # a transformers causal LM (torch.nn.Module), on CPU, in the plan's dtype
     tokenizer: Any  # follows the tokenizer protocol in the module docstring
+
+
+class PromptError(ValueError):
+    """A prompt the tokenizer cannot encode: ``code`` (AF651, AF652) and the message's fields."""
+
+    def __init__(self, code: str, **fields: Any):
+        self.code, self.fields = code, fields
+        super().__init__(f"{code} {fields}")
+
+
+def encode_prompt(tokenizer, prompt) -> tuple[list[int], str]:
+    """``(ids, text)`` of a prompt value: the ids the model reads and the text they spell (after
+    the chat template). Uses the tokenizer's own ``encode_prompt`` when it has one; a plug-in
+    tokenizer with only ``encode`` gets ``[bos] + encode(text)`` and no chat."""
+    own = getattr(tokenizer, "encode_prompt", None)
+    if own is not None:
+        return own(prompt)
+    if is_chat(prompt):
+        raise PromptError("AF651", tokenizer=type(tokenizer).__name__)
+    text = str(prompt)
+    bos = getattr(tokenizer, "bos_id", None)
+    return ([bos] if bos is not None else []) + list(tokenizer.encode(text)), text
+
+
+def _check_prompt(prompt) -> None:
+    """A prompt is a string or a chat; a list that is not a chat (a message without role or
+    content) is AF652, not its Python repr tokenized."""
+    if isinstance(prompt, (list, tuple, dict)) and not is_chat(prompt):
+        raise PromptError("AF652", got=_show(prompt))
+
+
+def _show(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
 
 
 class CharTokenizer:
@@ -42,7 +96,9 @@ class CharTokenizer:
     operators ``+-*/=%^``, lower- and upper-case ASCII letters, space, newline and some
     punctuation. Unknown characters encode to ``unk_id`` (and decode to ``?``).
 
-    The vocabulary is fixed, so ``CharTokenizer.VOCAB_SIZE`` is known without an instance."""
+    The vocabulary is fixed, so ``CharTokenizer.VOCAB_SIZE`` is known without an instance. It has
+    no chat template. :meth:`save` writes it as a transformers tokenizer (a word-level model over
+    single characters) that gives the same ids."""
 
     SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
     CHARS = (string.digits + "+-*/=%^" + string.ascii_lowercase + string.ascii_uppercase
@@ -50,6 +106,7 @@ class CharTokenizer:
     VOCAB_SIZE = len(SPECIALS) + len(CHARS)
 
     pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+    chat_template = None
 
     def __init__(self):
         self.vocab_size = self.VOCAB_SIZE
@@ -69,7 +126,37 @@ class CharTokenizer:
                 out.append(self._to_char[i])
         return "".join(out)
 
+    def encode_prompt(self, prompt) -> tuple[list[int], str]:
+        _check_prompt(prompt)
+        if is_chat(prompt):
+            raise PromptError("AF651", tokenizer="the character tokenizer (CharTokenizer)")
+        text = str(prompt)
+        return [self.bos_id] + self.encode(text), text
+
+    def to_transformers(self):
+        """This tokenizer as a ``transformers.PreTrainedTokenizerFast`` giving the same ids:
+        ``encode(text, add_special_tokens=False) == self.encode(text)``, and with special tokens
+        ``<bos>`` first, as :meth:`encode_prompt` does."""
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {s: i for i, s in enumerate(self.SPECIALS)}
+        vocab.update(self._to_id)
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        tok.post_processor = processors.TemplateProcessing(
+            single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", self.bos_id)])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                       eos_token="<eos>", unk_token="<unk>",
+                                       clean_up_tokenization_spaces=False)
+
     def save(self, directory: str) -> None:
+        """A transformers tokenizer (``tokenizer.json``, ``tokenizer_config.json``, ...) and the
+        ``asyncflow_tokenizer.json`` marker :func:`from_directory` reads back as this class."""
+        os.makedirs(directory, exist_ok=True)
+        with LOAD_LOCK:
+            self.to_transformers().save_pretrained(directory)
         with open(os.path.join(directory, TOKENIZER_FILE), "w") as f:
             json.dump({"class": "CharTokenizer", "chars": self.CHARS}, f)
 
@@ -87,17 +174,41 @@ class HFTokenizer:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.vocab_size = len(tok)
 
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tok, "chat_template", None) or None
+
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
+    def encode_prompt(self, prompt) -> tuple[list[int], str]:
+        _check_prompt(prompt)
+        if is_chat(prompt):
+            if not self.chat_template:
+                raise PromptError("AF651", tokenizer=f"{type(self.tok).__name__} "
+                                  f"({getattr(self.tok, 'name_or_path', '') or 'no path'})")
+            text = self.tok.apply_chat_template([dict(m) for m in prompt], tokenize=False,
+                                                add_generation_prompt=True)
+            return list(self.tok.encode(text, add_special_tokens=False)), text
+        text = str(prompt)
+        return list(self.tok.encode(text, add_special_tokens=True)), text
+
     def save(self, directory: str) -> None:
         self.tok.save_pretrained(directory)
 
 
-_BUILD_LOCK = threading.RLock()  # one model build at a time per process (tiny_decoder)
+def torch_dtype(name: str | None):
+    """The torch dtype of a ``dtype:`` key's value (None: float32)."""
+    import torch
+
+    name = name or DEFAULT_DTYPE
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
 
 def tiny_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int | None = None,
                  max_len: int = 128, seed: int = 0, intermediate: int | None = None,
@@ -110,10 +221,9 @@ def tiny_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int |
     left untouched). Extra ``kw`` go to ``Qwen2Config``. Embeddings are tied.
     layers=2, hidden=128 has about 0.55M parameters.
 
-    Thread-safe: engines of one process (``--backend local``) are built concurrently, and both
-    transformers' lazy imports and the seeded draws from torch's process-wide generator must not
-    interleave (they did: different initial weights per run, and ImportErrors at start-up)."""
-    with _BUILD_LOCK:
+    Thread-safe (:data:`LOAD_LOCK`): both transformers' lazy imports and the seeded draws from
+    torch's process-wide generator must not interleave."""
+    with LOAD_LOCK:
         return _tiny_decoder(layers, hidden, heads, vocab, max_len, seed, intermediate, kv_heads,
                              attn, **kw)
 
@@ -138,45 +248,119 @@ def _tiny_decoder(layers, hidden, heads, vocab, max_len, seed, intermediate, kv_
     return Loaded(model, tok)
 
 
-def from_directory(path: str) -> Loaded:
-    """A local HF directory (``config.json`` + weights): never downloads. Its tokenizer is a
-    :class:`CharTokenizer` where ``asyncflow_tokenizer.json`` is present, else the directory's
-    own ``transformers`` tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def from_directory(path: str, dtype: str | None = None) -> Loaded:
+    """A local HF directory (``config.json`` + weights) in ``dtype`` (default float32): never
+    downloads. Its tokenizer is a :class:`CharTokenizer` where ``asyncflow_tokenizer.json`` is
+    present, else the directory's own ``transformers`` tokenizer."""
+    with LOAD_LOCK:
+        import torch  # noqa: F401  (imported under the lock: transformers imports it)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-    model.eval()
-    if os.path.exists(os.path.join(path, TOKENIZER_FILE)):
-        tok = CharTokenizer()
-    else:
-        tok = HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                     dtype=torch_dtype(dtype))
+        model.eval()
+        if os.path.exists(os.path.join(path, TOKENIZER_FILE)):
+            tok = CharTokenizer()
+        else:
+            tok = HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
     return Loaded(model, tok)
 
 
-def load(init: str, args: dict | None = None, paths: Sequence[str] = ()) -> Loaded:
-    """Resolve a pipeline's ``models.<name>.init``: an existing directory (a local HF model or an
-    asyncflow checkpoint written by an engine's ``save``) or ``module:factory`` called with
-    ``args``. The factory's module is imported from ``paths`` first (the run's search path,
-    :func:`asyncflow.refs.search_path`, which engines get as ``spec.extra["search_path"]``)."""
+def _factory(ref: str, args: dict | None, paths: Sequence[str]) -> Loaded:
     from asyncflow.refs import resolve
 
-    args = dict(args or {})
-    if os.path.isdir(init):
-        return from_directory(init)
-    _, sep, _ = init.partition(":")
-    if not sep:
-        raise ValueError(f"model init {init!r} is neither a directory nor 'module:factory'")
-    factory = resolve(init, paths)
-    out = factory(**args)
+    with LOAD_LOCK:
+        factory = resolve(ref, paths)
+        out = factory(**dict(args or {}))
     if not isinstance(out, tuple) or len(out) != 2:
-        raise TypeError(f"model factory {init!r} must return a (model, tokenizer) pair")
+        raise TypeError(f"model factory {ref!r} must return a (model, tokenizer) pair")
     return Loaded(*out)
 
 
+def _in_dtype(loaded: Loaded, dtype: str | None) -> Loaded:
+    if dtype and dtype != DEFAULT_DTYPE:
+        with LOAD_LOCK:
+            loaded.model.to(dtype=torch_dtype(dtype))
+    return loaded
+
+
+def load_source(src: Source, args: dict | None = None, paths: Sequence[str] = (),
+                dtype: str | None = None) -> Loaded:
+    """The model a resolved source names (:mod:`asyncflow.modelsrc`), in ``dtype``."""
+    if src.kind == "factory":
+        return _in_dtype(_factory(src.ref, args, paths), dtype)
+    from asyncflow.modelsrc import fetch
+
+    return from_directory(fetch(src), dtype)
+
+
+def load(init: str, args: dict | None = None, paths: Sequence[str] = (),
+         dtype: str | None = None) -> Loaded:
+    """Resolve ``init`` now (:func:`asyncflow.modelsrc.locate` on ``paths``, the rule ``check``
+    uses) and load it. Engines load from the plan instead (:func:`load_model`)."""
+    from asyncflow.modelsrc import locate
+
+    try:
+        src = locate(init, list(paths))
+    except SourceError as e:
+        raise ValueError(f"model init {init!r}: {e.code} {e.fields}") from None
+    return load_source(src, args, paths, dtype)
+
+
+def load_model(model: dict, paths: Sequence[str] = ()) -> Loaded:
+    """The model of an engine spec's ``model`` dict, from where the compiled plan says it comes
+    (``source_kind``/``source``/``path``, resolved by the compiler) and in its ``dtype``; a plan
+    without a source (an engine built by hand) resolves ``init`` as :func:`load` does.
+    Raises :class:`asyncflow.modelsrc.SourceError` (AF650) when it cannot be had."""
+    kind = model.get("source_kind")
+    if not kind:
+        return load(model["init"], model.get("args"), paths, model.get("dtype"))
+    src = Source(kind, model.get("source") or model["init"], model.get("path") or "")
+    try:
+        return load_source(src, model.get("args"), paths, model.get("dtype"))
+    except SourceError:
+        raise
+    except (OSError, ValueError, ImportError, TypeError) as e:
+        raise SourceError("AF650", init=model.get("init"),
+                          reason=f"{e.__class__.__name__}: {e}") from None
+
+
 def save(loaded: Loaded, directory: str) -> None:
-    """Write ``loaded`` as a local HF directory that :func:`from_directory` reads back."""
+    """Write ``loaded`` as a Hugging Face directory: ``config.json``, safetensors weights in the
+    model's dtype, and the tokenizer (with its chat template) that
+    ``transformers.AutoTokenizer.from_pretrained`` loads; :func:`from_directory` reads it back."""
     model, tokenizer = loaded
     os.makedirs(directory, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save(directory)
+
+
+# -- what engines call: errors located at the model's init or the task -----------------------------
+def located(spec, e: SourceError | PromptError):
+    """A :class:`~asyncflow.runtime.contract.TaskError` for an engine's model or prompt error,
+    located at the model's ``init`` (AF650, AF651) or the task (AF652)."""
+    from types import SimpleNamespace
+
+    from asyncflow.runtime.contract import TaskError
+
+    model = getattr(spec, "model", None) or {}
+    extra = getattr(spec, "extra", None) or {}
+    loc = (model.get("loc") if e.code != "AF652" else None) or extra.get("task_loc") or ""
+    at = SimpleNamespace(name=getattr(spec, "task", "?"), loc=loc)
+    return TaskError(e.code, at, model=model.get("name", "?"), **e.fields)
+
+
+def engine_load(spec) -> Loaded:
+    """An engine's model and tokenizer (:func:`load_model` of ``spec.model``), AF650 located."""
+    try:
+        return load_model(spec.model, spec.extra.get("search_path", ()))
+    except SourceError as e:
+        raise located(spec, e) from None
+
+
+def engine_prompt(spec, tokenizer, prompt) -> tuple[list[int], str]:
+    """:func:`encode_prompt` for an engine: AF651/AF652 located."""
+    try:
+        return encode_prompt(tokenizer, prompt)
+    except PromptError as e:
+        raise located(spec, e) from None

@@ -2,13 +2,15 @@
 
 A reference (a reward's ``fn``, a data ``source``, a model ``init``, an ``env`` factory) names a
 module and a top-level name in it. Both the compiler and the runtime look modules up on one
-search path (:func:`search_path`): the pipeline file's directory, the working directory, then
-``sys.path`` -- so a reward module kept next to its pipeline simply works.
+search path: ``sys.path``, then the pipeline file's directory, then the working directory
+(:func:`search_path`) -- so a reward module kept next to its pipeline simply works, and a user's
+``json.py`` or ``tokenizers.py`` beside a pipeline never shadows the installed module of that
+name (the user's directories come *after* ``sys.path``, in every process).
 
 - ``check`` finds the module and reads its source *without importing it* (:func:`find_module`,
   :func:`top_level_names`, :func:`function_params`): a broken or slow user module cannot break
   or stall the compiler, and the compiler imports no torch.
-- ``run`` imports it (:func:`resolve`) with the same directories in front of ``sys.path``; the
+- ``run`` imports it (:func:`resolve`) with the same directories appended to ``sys.path``; the
   driver passes them to every worker, which may run in another process or on another node.
 """
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any, Callable, Sequence
 
 
 def search_path(pipeline_file: str | os.PathLike | None) -> list[str]:
-    """The directories searched before ``sys.path``: the pipeline's directory, then the CWD
-    (absolute, without duplicates)."""
+    """The user's directories: the pipeline's directory, then the CWD (absolute, without
+    duplicates). Files (data, model directories) are looked up in them in this order; modules
+    after ``sys.path`` (:func:`module_path`)."""
     out = [Path(pipeline_file).parent if pipeline_file else Path("."), Path(".")]
     return list(dict.fromkeys(str(x.resolve()) for x in out))
 
@@ -44,13 +47,20 @@ def find_file(path: str, paths: Sequence[str]) -> Path | None:
 _LOCK = threading.Lock()
 
 
+def module_path(extra: Sequence[str]) -> list[str]:
+    """Where top-level modules are looked up: ``sys.path``, then the ``extra`` directories it
+    does not hold yet (the user's, :func:`search_path`), so that installed modules win."""
+    return [*sys.path, *(p for p in dict.fromkeys(extra) if p not in sys.path)]
+
+
 def resolve(target: str, paths: Sequence[str] = ()) -> Any:
-    """Import ``module:attr`` (``attr`` may be dotted), looking in ``paths`` first."""
+    """Import ``module:attr`` (``attr`` may be dotted), looking in ``sys.path`` and then in
+    ``paths`` (appended to ``sys.path``: :func:`module_path`)."""
     module, _, attr = target.partition(":")
     with _LOCK:
-        for p in reversed(list(paths)):
+        for p in dict.fromkeys(paths):
             if p not in sys.path:
-                sys.path.insert(0, p)
+                sys.path.append(p)
         obj: Any = importlib.import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)
@@ -61,7 +71,7 @@ def find_module(name: str, extra: list[str]):
     """The spec of module ``name``, found without importing it or its parent packages.
 
     Top-level modules are looked up as :func:`resolve` imports them: through ``sys.meta_path``,
-    with the ``extra`` directories in front of ``sys.path``."""
+    with the ``extra`` directories after ``sys.path`` (:func:`module_path`)."""
     parts = name.split(".")
     spec = None
     for i in range(len(parts)):
@@ -82,8 +92,8 @@ def find_module(name: str, extra: list[str]):
             if find is None:
                 continue
             where = path
-            if finder is PathFinder and i == 0 and extra:  # sys.path with `extra` in front
-                where = [*extra, *(p for p in sys.path if p not in extra)]
+            if finder is PathFinder and i == 0 and extra:  # sys.path, then `extra`
+                where = module_path(extra)
             try:
                 spec = find(full, where)
             except Exception:  # a third-party finder's fault must not break `check`

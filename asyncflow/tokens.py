@@ -9,14 +9,18 @@ class Text(str):
     ``mask`` is one 0/1 per response id: 1 for a token the policy generated (it counts in
     losses, token counts, KL and entropy), 0 for one it only reads (a multi-turn environment's
     observation, see :mod:`asyncflow.engines.multiturn`). Without a mask every token counts;
-    ``masked`` says whether a mask with a 0 was given. The ``str`` value never depends on it."""
+    ``masked`` says whether a mask with a 0 was given. The ``str`` value never depends on it.
 
-    __slots__ = ("ids", "prompt_ids", "_mask")
+    ``prompt_text`` is the text the model saw before the response (a chat prompt after its chat
+    template), set by the rollout engines for logging (``samples.jsonl``); None when unknown."""
 
-    def __new__(cls, text: str, ids=(), prompt_ids=(), mask=None):
+    __slots__ = ("ids", "prompt_ids", "_mask", "prompt_text")
+
+    def __new__(cls, text: str, ids=(), prompt_ids=(), mask=None, prompt_text=None):
         obj = super().__new__(cls, text)
         obj.ids = tuple(ids)
         obj.prompt_ids = tuple(prompt_ids)
+        obj.prompt_text = None if prompt_text is None else str(prompt_text)
         if mask is not None:
             mask = tuple(int(m) for m in mask)
             if len(mask) != len(obj.ids):
@@ -39,4 +43,4 @@ class Text(str):
         return self._mask is not None
 
     def __reduce__(self):
-        return (Text, (str(self), self.ids, self.prompt_ids, self._mask))
+        return (Text, (str(self), self.ids, self.prompt_ids, self._mask, self.prompt_text))

@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# nothing downloads: a hub id not in the cache is AF345 at check (its example relies on this)
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 PIPELINES = ROOT / "pipelines"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

@@ -45,6 +45,7 @@ class ModelDef:
     args: dict = field(default_factory=dict)
     copy_of: str | None = None
     frozen: bool = False
+    dtype: str | None = None  # float32 | bfloat16 | float16 (None: the copied model's, else float32)
     loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()
 

@@ -37,6 +37,8 @@ class Key:
 MODEL = {
     "init": Key("str"), "args": Key("map", default={}), "copy_of": Key("name"),
     "frozen": Key("bool", default=False),
+    # the weights' dtype (asyncflow.modelsrc.DTYPES); unset: the copied model's, else float32
+    "dtype": Key("choice", choices=("float32", "bfloat16", "float16")),
 }
 DATA = {
     "source": Key("str", required=True), "args": Key("map", default={}),

@@ -77,14 +77,20 @@ def test_search_path_is_the_pipeline_dir_then_the_cwd_absolute(tmp_path, monkeyp
 
 
 def test_check_and_run_pick_the_same_module_when_two_dirs_have_one(tmp_path, monkeypatch):
-    """The pipeline's directory comes first, for the static lookup as for the import."""
+    """sys.path comes first, then the pipeline's directory, then the CWD: for the static lookup
+    as for the import (a user's directory never shadows what is installed)."""
     name = "af_refs_paths_shadow"
-    first, second = tmp_path / "first", tmp_path / "second"
-    for d in (first, second):
+    first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
+    for d in (first, second, third):
         d.mkdir()
         (d / f"{name}.py").write_text(f"WHERE = {d.name!r}\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(second)])  # on sys.path: wins
     paths = [str(first), str(second)]
-    monkeypatch.setattr(sys, "path", [*sys.path, str(second)])  # also on sys.path, behind
+    assert refs.find_module(name, paths).origin == str(second / f"{name}.py")
+    assert refs.resolve(f"{name}:WHERE", paths) == "second"
+    sys.modules.pop(name, None)
+    paths = [str(first), str(third)]  # neither on sys.path: the pipeline's directory first
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(second)])
     assert refs.find_module(name, paths).origin == str(first / f"{name}.py")
     assert refs.resolve(f"{name}:WHERE", paths) == "first"
     sys.modules.pop(name, None)

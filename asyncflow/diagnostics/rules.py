@@ -15,10 +15,14 @@ AF38x    scheduling keys: schedule, redundancy, on_update, consume, stream, refi
          AF384-AF389: the ``eval:`` section (:mod:`asyncflow.compiler.passes.evalplan`)
 =======  ===============================================================
 """
+from pathlib import Path
+
 from asyncflow.diagnostics import Code, Example
 from asyncflow.diagnostics.examples import BASE, mutate
 
 _W = "warning"
+# files the AF346 example points at (a chat data file; a model directory without a template)
+_FIXTURES = Path(__file__).resolve().parents[2] / "compiler_tests" / "fixtures"
 
 
 def _edit(*pairs, at: str) -> Example:
@@ -138,6 +142,25 @@ CODES = [
          "model '{model}': init '{value}' is neither a \"module:factory\" reference, a path, nor a "
          "model id like org/name",
          (mutate("init: asyncflow.models:tiny_decoder", "init: tiny decoder!", at="tiny decoder!"),)),
+    # -- where a model comes from (asyncflow.modelsrc) and its chat template -------------------
+    Code("AF345", "hub-model-not-cached",
+         "model '{model}': init '{value}' is not a directory (looked in {where}) and, as a hub id, "
+         "not in the Hugging Face cache {cache}; HF_HUB_OFFLINE=1 forbids downloading it",
+         (mutate("init: asyncflow.models:tiny_decoder", "init: nobody-af345/no-such-model",
+                 at="nobody-af345"),)),  # the compiler tests run with HF_HUB_OFFLINE=1
+    Code("AF346", "chat-without-template",
+         "field '{field}' of data source '{source}' holds chat messages (a list of {{role, "
+         "content}}), but the tokenizer of model '{model}' ({path}) has no chat template to render "
+         "them with",
+         (_edit(("init: asyncflow.models:tiny_decoder\n    args: {layers: 2, hidden: 64}",
+                 f'init: "{_FIXTURES / "no_template_model"}"'),
+                ("source: asyncflow.datasets:digits\n    args: {n: 100, seed: 0}",
+                 f'source: "{_FIXTURES / "chat_prompts.jsonl"}"'), at="prompt, answer]"),)),
+    Code("AF347", "init-is-a-file",
+         "model '{model}': init '{value}' is a file ({path}); a model is a directory (a Hugging "
+         "Face checkpoint: config.json, weights, tokenizer files), a hub id or a \"module:factory\"",
+         (mutate("init: asyncflow.models:tiny_decoder", f'init: "{Path(__file__).resolve()}"',
+                 at='"/'),)),
     # -- AF39x data sources: splits and data set directories (AF342/AF343: not found, no source)
     Code("AF390", "bad-split", "data source '{source}': {problem}",
          (mutate("    fields: [prompt, answer]\n", "    fields: [prompt, answer]\n    split: train\n",

@@ -55,6 +55,14 @@ CODES = [
          "the simulated run stopped after {done} of {steps} steps: {why}"),
     Code("AF642", "bad-sweep", "{what}"),
     # asyncflow export (asyncflow.commands.export, asyncflow.runtime.export)
+    # a model and its prompts, at start-up and as a rollout encodes them (asyncflow.models)
+    Code("AF650", "model-unavailable", "model '{model}': cannot load init '{init}': {reason}"),
+    Code("AF651", "chat-without-template-run",
+         "task '{task}': a prompt is a list of chat messages, but the tokenizer of model "
+         "'{model}', {tokenizer}, has no chat template to render them with"),
+    Code("AF652", "bad-prompt",
+         "task '{task}': a prompt must be a string or a list of {{role, content}} messages, "
+         "not {got}"),
     Code("AF660", "export-not-a-run", "{run_dir} is not a run directory: {why}"),
     Code("AF661", "export-no-step", "{run_dir}: {what}; {have}"),
     Code("AF662", "export-unreadable", "{run_dir}: {what} cannot be exported: {why}"),

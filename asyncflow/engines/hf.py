@@ -78,9 +78,9 @@ class HFEngine:
         self.version = 0
         self.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + spec.replica)
 
-        self.model, self.tokenizer = models.load(spec.model["init"], spec.model.get("args"),
-                                                 paths=spec.extra.get("search_path", ()))
-        self.model.to(self.device, dtype=torch.float32)
+        # from where the plan says, in the model's dtype (log-prob math stays float32)
+        self.model, self.tokenizer = models.engine_load(spec)
+        self.model.to(self.device)
         self.critic = spec.kind == "value" or spec.loss == "value"
         self.value_head = None
         if self.critic:
@@ -100,10 +100,16 @@ class HFEngine:
     # ------------------------------------------------------------------ shared
 
     def _prompt_ids(self, prompt) -> list[int]:
+        return self._prompt(prompt)[0]
+
+    def _prompt(self, prompt) -> tuple[list[int], str]:
+        """(ids, text the model sees): a chat through the chat template, a string as is
+        (:func:`asyncflow.models.encode_prompt`)."""
         if isinstance(prompt, Text) and prompt.ids:
-            return list(prompt.ids)
-        bos = self.tokenizer.bos_id
-        return ([bos] if bos is not None else []) + self.tokenizer.encode(str(prompt))
+            return list(prompt.ids), str(prompt)
+        from asyncflow import models
+
+        return models.engine_prompt(self.spec, self.tokenizer, prompt)
 
     def _pairs(self, batch: Columns) -> tuple[list[list[int]], list[list[int]]]:
         """(prompt ids, response ids) per row; re-tokenizes only text that is not a Text."""
@@ -128,7 +134,7 @@ class HFEngine:
             base = getattr(self.model, self.model.base_model_prefix)
             hidden = base(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
             p, r = packed.prompt_len, packed.response_mask.shape[1]
-            return self.value_head(hidden[:, p - 1:p - 1 + r]).squeeze(-1)
+            return self.value_head(hidden[:, p - 1:p - 1 + r].float()).squeeze(-1)
         # responses end the layout: the last R + 1 logits cover them (the last one predicts
         # nothing), so the LM head never runs over the prompt columns
         r = packed.response_mask.shape[1]
@@ -164,13 +170,15 @@ class HFEngine:
                 self.spec.extra.get("env_args"),
                 int(self.args.get("max_turns") or multiturn.DEFAULT_MAX_TURNS), out_names,
                 self.spec.extra.get("search_path", ()), keys=batch.get("_row"))
-        prompts = [self._prompt_ids(p) for p in batch["prompt"]]
+        encoded = [self._prompt(p) for p in batch["prompt"]]
+        prompts = [ids for ids, _ in encoded]
         if not prompts:
             return {name: [] for name in out_names[:2]}
         tokens, logprobs = self._sample(prompts, batch.get("_row"))
         eos = self.tokenizer.eos_id
-        responses = [Text(self.tokenizer.decode([t for t in ids if t != eos]), ids, prompt)
-                     for ids, prompt in zip(tokens, prompts)]
+        responses = [Text(self.tokenizer.decode([t for t in ids if t != eos]), ids, prompt,
+                          prompt_text=text)
+                     for ids, (prompt, text) in zip(tokens, encoded)]
         return {out_names[0]: responses, out_names[1]: logprobs}
 
     @torch.no_grad()

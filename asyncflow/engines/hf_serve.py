@@ -398,7 +398,7 @@ def serve(engine, pull: Callable[[int], Any], emit: Callable[[dict], Any],
     tok = engine.tokenizer
     eos = tok.eos_id
     server = server or HFTurnServer(engine)
-    meta: dict[Any, tuple[Any, list[int]]] = {}  # row -> (group, prompt ids)
+    meta: dict[Any, tuple[Any, list[int], str]] = {}  # row -> (group, prompt ids, prompt text)
     served = unnamed = 0
     exhausted = False
     while True:
@@ -420,8 +420,8 @@ def serve(engine, pull: Callable[[int], Any], emit: Callable[[dict], Any],
                 groups = got.get("_group")
                 for i, p in enumerate(prompts):
                     row = int(rows[i])
-                    ids = engine._prompt_ids(p)
-                    meta[row] = (groups[i] if groups is not None else None, ids)
+                    ids, text = engine._prompt(p)  # a chat through the chat template
+                    meta[row] = (groups[i] if groups is not None else None, ids, text)
                     server.submit(row, ids)
         if not server.in_flight():
             if exhausted:
@@ -429,11 +429,12 @@ def serve(engine, pull: Callable[[int], Any], emit: Callable[[dict], Any],
             time.sleep(poll_s)
             continue
         for key, ids, lps, version in server.poll(0.0):
-            group, prompt = meta.pop(key)
+            group, prompt, text = meta.pop(key)
             row = {"_row": key, "_version": version}
             if group is not None:
                 row["_group"] = group
-            row[names[0]] = Text(tok.decode([t for t in ids if t != eos]), ids, prompt)
+            row[names[0]] = Text(tok.decode([t for t in ids if t != eos]), ids, prompt,
+                                 prompt_text=text)
             row[names[1]] = lps
             emit(row)
             served += 1

@@ -11,8 +11,10 @@ rows:
 
 1. builds one environment per row (``factory(**env_args)``) and calls ``reset(prompt, *context)``
    (the rollout task's inputs in their declared order: the prompt, then the rest); the first
-   observation (what ``reset`` returns) is the episode's prompt:
-   ``prompt_ids = [bos] + encode(observation)`` (no ``bos`` when the tokenizer has none);
+   observation (what ``reset`` returns) is the episode's prompt, encoded as every rollout
+   encodes one (:func:`asyncflow.models.encode_prompt`: a list of ``{role, content}`` messages
+   through the chat template, a string as is with the tokenizer's specials, e.g.
+   ``[bos] + encode(observation)`` for the character tokenizer);
 2. for turn ``1 .. max_turns``, samples the agent turn of *every still-active episode in one
    batch* (prefix = ``prompt_ids + ids so far``), decodes it (special tokens dropped) and calls
    ``env.step(text) -> (observation, reward, done)``. An episode ends when the environment says
@@ -87,6 +89,7 @@ class Episode:
     rewards: list[float] = field(default_factory=list)  # one per agent turn
     done: bool = False  # the environment ended it (False: stopped by max_turns)
     version: int | None = None  # the oldest policy version among its turns (None: not known)
+    prompt_text: str | None = None  # the text of prompt_ids (after a chat template)
 
     @property
     def turns(self) -> int:
@@ -98,7 +101,8 @@ class Episode:
         return float(sum(self.rewards))
 
     def text(self, tokenizer) -> Text:
-        return Text(tokenizer.decode(self.ids), self.ids, self.prompt_ids, self.mask)
+        return Text(tokenizer.decode(self.ids), self.ids, self.prompt_ids, self.mask,
+                    prompt_text=self.prompt_text)
 
     def add_turn(self, act, logprobs, version: int | None = None) -> list[int]:
         """Append one agent turn (mask 1) generated under ``version``; returns its ids."""
@@ -149,7 +153,7 @@ class Episode:
 
 def resolve_factory(target: str | Callable, paths=()) -> Callable:
     """``"module:factory"`` (or a callable, returned as is) -> the callable; ``paths`` are
-    searched before ``sys.path`` (:func:`asyncflow.refs.resolve`)."""
+    searched after ``sys.path`` (:func:`asyncflow.refs.resolve`)."""
     if callable(target):
         return target
     from asyncflow.refs import resolve
@@ -164,11 +168,14 @@ def accepted_kwargs(fn: Callable, args: dict | None) -> dict:
     return accepted(fn, args)
 
 
-def _prompt_ids(tokenizer, observation) -> list[int]:
+def _episode(tokenizer, observation) -> Episode:
+    """A new episode whose prompt is the first observation (:func:`asyncflow.models.encode_prompt`)."""
     if isinstance(observation, Text) and observation.ids:
-        return list(observation.ids)
-    bos = tokenizer.bos_id
-    return ([bos] if bos is not None else []) + list(tokenizer.encode(str(observation)))
+        return Episode(list(observation.ids), prompt_text=str(observation))
+    from asyncflow.models import encode_prompt
+
+    ids, text = encode_prompt(tokenizer, observation)
+    return Episode(list(ids), prompt_text=text)
 
 
 def _reset(env, args: tuple, key: Any = None):
@@ -203,7 +210,7 @@ def run_episodes(rows: list[tuple], sample: Callable, tokenizer, make_env: Calla
     envs = [make_env() for _ in rows]
     idx = list(range(len(rows)))
     first = _map(pool, lambda i: _reset(envs[i], tuple(rows[i]), keys[i] if keys else None), idx)
-    episodes = [Episode(_prompt_ids(tokenizer, obs)) for obs in first]
+    episodes = [_episode(tokenizer, obs) for obs in first]
     active = idx
     for turn in range(1, max(int(max_turns), 0) + 1):
         if not active:
@@ -359,7 +366,7 @@ def serve_episodes(pull: Callable[[int], dict | None], emit: Callable[[dict], An
         if not ok:
             raise value
         if lv.ep is None:  # the reset: the first observation
-            lv.ep = Episode(_prompt_ids(tokenizer, value))
+            lv.ep = _episode(tokenizer, value)
             goes_on = max_turns >= 1
         else:
             goes_on = lv.ep.add_step(value, lv.turn, max_turns, tokenizer)

@@ -240,7 +240,8 @@ class SimEngine:
         out = []
         for i, (n, p) in enumerate(zip(lengths, prompts)):
             ds = digits[i, :n].tolist()
-            out.append(Text("".join(map(str, ds)), [DIGIT0 + d for d in ds], _prompt_ids(p)))
+            out.append(Text("".join(map(str, ds)), [DIGIT0 + d for d in ds], _prompt_ids(p),
+                            prompt_text=_prompt_text(p)))
         return out
 
     def _per_tokens(self, rows: list[int], name: str, lengths: list[int]) -> list[list[float]]:
@@ -449,13 +450,27 @@ class SimEngine:
         self.version, self.steps = int(state["version"]), int(state.get("steps", 0))
 
 
+def _prompt_text(prompt: Any) -> str | None:
+    """The text a simulated model sees: a string as is; a chat (a list of ``{role, content}``
+    messages: the sim has no tokenizer, so no chat template) one ``role: content`` line per
+    message, never the list's Python repr."""
+    if prompt is None:
+        return None
+    from asyncflow.modelsrc import is_chat
+
+    if is_chat(prompt):
+        return "".join(f"{m['role']}: {m['content']}\n" for m in prompt)
+    return str(prompt)
+
+
 def _prompt_ids(prompt: Any) -> tuple:
     if isinstance(prompt, Text) and prompt.ids:
         return prompt.ids
     if prompt is None:
         return ()
+    text = _prompt_text(prompt)
     tok = _tokenizer()
-    return tuple(tok.encode(str(prompt))) if tok else tuple(ord(c) % 256 for c in str(prompt))
+    return tuple(tok.encode(text)) if tok else tuple(ord(c) % 256 for c in text)
 
 
 @functools.lru_cache(maxsize=1)

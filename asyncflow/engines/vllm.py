@@ -9,9 +9,9 @@ what the ``hf`` engine returns, so scorers and trainers downstream cannot tell t
 its prompt's ids, and ``logprobs``, one float per response token under
 ``log softmax(logits / temperature)`` over the whole vocabulary.
 
-Weights come from ``spec.model["init"]`` through :func:`asyncflow.models.load` (never a
-download), written with :func:`asyncflow.models.save` to a temporary local HF directory that
-``vllm.LLM`` reads. vLLM's tokenizer is never started (``skip_tokenizer_init``): prompts go in as
+Weights come from where the plan says (``spec.model``, :func:`asyncflow.models.load_model`),
+written with :func:`asyncflow.models.save` to a temporary local HF directory that ``vllm.LLM``
+reads. vLLM's tokenizer is never started (``skip_tokenizer_init``): prompts go in as
 token ids from asyncflow's tokenizer, which also decodes the responses.
 
 Task args it reads (all optional):
@@ -140,8 +140,7 @@ class VLLMEngine:
 
         _quiet_expected_warnings()
 
-        loaded = models.load(self.spec.model["init"], self.spec.model.get("args"),
-                             paths=self.spec.extra.get("search_path", ()))
+        loaded = models.engine_load(self.spec)  # from where the plan says, in its dtype
         _check_head_size(loaded.model.config, current_platform)
         models.save(loaded, self._dir.name)
         tokenizer = loaded.tokenizer
@@ -151,7 +150,7 @@ class VLLMEngine:
 
         a = self.args
         kw = dict(model=self._dir.name, skip_tokenizer_init=True,
-                  dtype=a.get("dtype", "float32"), seed=self.spec.seed,
+                  dtype=a.get("dtype", self.spec.model.get("dtype") or "float32"), seed=self.spec.seed,
                   enforce_eager=bool(a.get("enforce_eager", True)),
                   max_num_seqs=int(a.get("max_num_seqs", 256)),
                   enable_prefix_caching=self.prefix_caching)
@@ -174,10 +173,15 @@ class VLLMEngine:
     # ------------------------------------------------------------------ Rollout
 
     def _prompt_ids(self, prompt) -> list[int]:
+        return self._prompt(prompt)[0]
+
+    def _prompt(self, prompt) -> tuple[list[int], str]:
+        """(ids, text the model sees): :func:`asyncflow.models.encode_prompt`."""
+        from asyncflow import models
+
         if isinstance(prompt, Text) and prompt.ids:
-            return list(prompt.ids)
-        bos = self.tokenizer.bos_id
-        return ([bos] if bos is not None else []) + self.tokenizer.encode(str(prompt))
+            return list(prompt.ids), str(prompt)
+        return models.engine_prompt(self.spec, self.tokenizer, prompt)
 
     def _params(self, row, max_tokens: int | None = None):
         """Sampling parameters of the request for ``row`` (a store row, or any key: an agent
@@ -202,7 +206,8 @@ class VLLMEngine:
         """Sample one response per row of ``batch["prompt"]``: one ``LLM.generate`` call."""
         from vllm.inputs import TokensPrompt
 
-        prompts = [self._prompt_ids(p) for p in batch["prompt"]]
+        encoded = [self._prompt(p) for p in batch["prompt"]]
+        prompts = [ids for ids, _ in encoded]
         n = len(prompts)
         out_names = list(self.spec.outputs) or ["response", "logprobs"]
         if n == 0:
@@ -222,11 +227,11 @@ class VLLMEngine:
                     "long; see asyncflow.engines.vllm)") from e
         eos = self.tokenizer.eos_id
         responses, logprobs = [], []
-        for prompt, out in zip(prompts, outs):
+        for (prompt, text), out in zip(encoded, outs):
             sample = out.outputs[0]
             ids = list(sample.token_ids)
             responses.append(Text(self.tokenizer.decode([t for t in ids if t != eos]), ids,
-                                  prompt))
+                                  prompt, prompt_text=text))
             logprobs.append([float(step[t].logprob) for t, step in zip(ids, sample.logprobs)])
         return {out_names[0]: responses, out_names[1]: logprobs}
 

@@ -60,6 +60,15 @@ class ModelPlan:
     frozen: bool = False
     copy_of: str | None = None
     updated_by: str | None = None  # the train task that bumps its version
+    # where it comes from, resolved once by the compiler (asyncflow.modelsrc); the runtime
+    # never resolves ``init`` again: "factory" (source = module:factory), "directory" (source =
+    # path = the absolute directory) or "hub" (source = org/name[@rev]; path = its cached
+    # snapshot, "" when not cached: downloaded at start-up)
+    source_kind: str = ""
+    source: str = ""
+    path: str = ""
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    loc: str = ""  # "file:line:col" of its init (of the model it copies), for run-time errors
 
 
 @dataclass

@@ -68,7 +68,11 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
     before a call and the engine's columns back to the user's fields after it."""
     model = next((m for m in plan.models if m.name == task.model), None)
     mdict = {"name": model.name, "init": model.init, "args": dict(model.args),
-             "frozen": model.frozen} if model else {}
+             "frozen": model.frozen,
+             # where it comes from, as the compiler resolved it (asyncflow.modelsrc), its dtype
+             "source_kind": getattr(model, "source_kind", ""), "source": getattr(model, "source", ""),
+             "path": getattr(model, "path", ""), "dtype": getattr(model, "dtype", "float32"),
+             "loc": getattr(model, "loc", "")} if model else {}
     st = plan.step
     extra = {"samples_per_prompt": st.samples_per_prompt, "prompts_per_step": st.prompts_per_step,
              "samples_per_step": st.samples_per_step, "steps": st.steps,
@@ -79,6 +83,7 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              "devices": max(1, task.devices_per_replica),
              # scorers and trainers see log-probs at the temperature the rollout sampled with
              "temperature": _rollout_temperature(plan), "search_path": list(paths),
+             "task_loc": getattr(task, "loc", ""),  # for an engine's located errors (AF65x)
              # the scheduling keys an engine acts on (engines/base.py, "scheduling")
              "schedule": task.schedule, "on_update": task.on_update, "stream": task.stream}
     env = getattr(task, "env", None)

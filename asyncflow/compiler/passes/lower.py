@@ -193,7 +193,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
     for name, m in p.models.items():
         init, args = resolved(name)
         models.append(ModelPlan(name, init, plain(args), m.frozen, m.copy_of,
-                                None if m.frozen else trained.get(name)))
+                                None if m.frozen else trained.get(name),
+                                **_model_source(p, name)))
     data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields), d.epochs,
                        {"": _loc(d), **{k: str(v) for k, v in d.locs.items() if v.line}}, d.split)
             for d in p.data.values()]
@@ -260,6 +261,30 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         sync=syncs, concurrency=[list(c) for c in g.g.graph.get("concurrency", [])],
         device_kind=placement["device_kind"], fields=plain(g.g.graph.get("fields", {})),
         eval=eval_plan(p, plain))
+
+
+def _model_source(p, name: str) -> dict:
+    """Where model ``name`` comes from (its own, or the copied model's, ``init``), resolved once
+    here by the rule check used (:func:`asyncflow.modelsrc.locate`), its dtype and location."""
+    from asyncflow.modelsrc import DEFAULT_DTYPE, SourceError, locate
+    from asyncflow.refs import search_path
+
+    m, seen, dtype = p.models.get(name), set(), None
+    while m is not None and m.name not in seen:
+        seen.add(m.name)
+        dtype = dtype or m.dtype
+        if not m.copy_of:
+            break
+        m = p.models.get(m.copy_of)
+    out = {"dtype": dtype or DEFAULT_DTYPE}
+    if m is None or not m.init:
+        return out
+    out["loc"] = str(m.locs.get("init", m.loc)) if (m.locs.get("init") or m.loc).line else ""
+    try:
+        src = locate(m.init, search_path(p.path or None))
+    except SourceError:  # reported by validate; a plan is only lowered from a clean graph
+        return out
+    return {**out, "source_kind": src.kind, "source": src.ref, "path": src.path}
 
 
 def _loc(defn) -> str:

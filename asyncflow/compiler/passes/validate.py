@@ -32,6 +32,7 @@ from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
 from asyncflow.argtable import ENGINE_ARGS, Arg, declared_args, owners
 from asyncflow.kinds import ESTIMATORS, KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
+from asyncflow.modelsrc import is_chat
 from asyncflow.refs import (find_file, find_module, function_params, search_path,
                             top_level_names)
 
@@ -41,8 +42,6 @@ NEEDS_OUTPUTS = tuple(k for k, v in KINDS.items() if v.needs_outputs)
 # built-in engines that run only some kinds (others, and plug-ins, may run any)
 ENGINE_RUNS = {"vllm": ("rollout",), "deepspeed": ("train", "logprob", "value")}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
-CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # task args that may be a number or a distribution ({dist: ..., seed: ...}): the sim engine's
 # latency and lengths, and a rollout's per-row length cap (long-tailed response lengths)
 DIST_ARGS = tuple(dict.fromkeys(a.name for t in ENGINE_ARGS.values() for a in t
@@ -176,17 +175,76 @@ def _models(p: ast.Pipeline, d: Diagnostics) -> None:
 
 
 def _check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
+    """Where the model comes from, by the rule ``compile`` and ``run`` use
+    (:func:`asyncflow.modelsrc.locate`: module:factory, a directory beside the pipeline or in
+    the CWD, a hub id in the Hugging Face cache): AF340-AF342, AF344, AF345, AF347; then chat
+    prompts its tokenizer cannot render (AF346)."""
+    from asyncflow.modelsrc import SourceError, locate
+
     v = m.init
     loc = _at(m, "init")
     if REF_RE.match(v):
         _check_ref(p, v, "init", loc, d)
         return
-    looks_path = v.startswith(("/", "./", "../", "~")) or v.endswith(CKPT_SUFFIXES)
-    if looks_path or _find_file(p, v):
-        if not _find_file(p, v):
-            d.add("AF342", loc, key="init", path=v, where=_where(p, v))
-    elif not HUB_ID.match(v):
-        d.add("AF344", loc, model=m.name, value=v)
+    try:
+        src = locate(v, _bases(p))
+    except SourceError as e:
+        d.add(e.code, loc, **{"model": m.name, "value": v, **e.fields})
+        return
+    if src.path:
+        _check_chat_template(p, m, src.path, d)
+
+
+def _check_chat_template(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnostics) -> None:
+    """AF346: a rollout on model ``m`` (or a copy of it) whose prompt field holds chat messages
+    in the first row of a .jsonl/.json data file, while the tokenizer saved in ``directory`` has
+    no chat template. Reads files only (no torch, no transformers)."""
+    from asyncflow.modelsrc import has_chat_template
+
+    if has_chat_template(directory) is not False:
+        return
+
+    def base(name: str | None) -> str | None:
+        seen = set()
+        while name in p.models and p.models[name].copy_of and name not in seen:
+            seen.add(name)
+            name = p.models[name].copy_of
+        return name
+
+    prompts = {t.inputs[0] for t in p.tasks.values() if t.kind == "rollout" and t.inputs
+               and t.env is None and t.engine != "sim" and base(t.model) == m.name}
+    for src in p.data.values():
+        row = _first_row(p, src) if set(src.fields or ()) & prompts else None
+        for i, f in enumerate(src.fields or ()):
+            if f in prompts and row is not None and is_chat(row.get(f)):
+                d.add("AF346", _at(src, f"fields.{i}"),
+                      "give the tokenizer a chat template (tokenizer.chat_template = ...; "
+                      "tokenizer.save_pretrained(dir)), or store the prompts as strings",
+                      field=f, source=src.name, model=m.name, path=directory)
+
+
+def _first_row(p: ast.Pipeline, src: ast.DataDef) -> dict | None:
+    """The first row of a data source's .jsonl or .json file, or None when it cannot be read
+    cheaply (a factory, another format, a broken file: the data checks report those)."""
+    import json
+
+    v = src.source
+    if not isinstance(v, str) or not v.lower().endswith((".jsonl", ".json")):
+        return None
+    path = _find_file(p, v)
+    if path is None or not path.is_file():
+        return None
+    try:
+        with open(path) as f:
+            if v.lower().endswith(".jsonl"):
+                line = next((ln for ln in f if ln.strip()), None)
+                row = json.loads(line) if line else None
+            else:
+                rows = json.load(f)
+                row = rows[0] if isinstance(rows, list) and rows else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return row if isinstance(row, dict) else None
 
 
 # -- 3. tasks -------------------------------------------------------------------------------------
