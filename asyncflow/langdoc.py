@@ -21,7 +21,8 @@ _TYPE_WORDS = {"name": "name", "str": "string", "ref": "`module:function`", "int
 _SECTION_TITLES = {"model": "`models:` NAME -> model",
                    "data source": "`data:` NAME -> data source",
                    "pool": "`pools:` NAME -> pool", "step": "`step:`",
-                   "task": "`tasks:` NAME -> task", "sync edge": "`sync:` a list of sync edges"}
+                   "task": "`tasks:` NAME -> task", "sync edge": "`sync:` a list of sync edges",
+                   "eval": "`eval:` evaluation during training"}
 _SHAPE_WORDS = {"named": "mapping of name -> {what}", "one": "{what}", "list": "list of {what}s"}
 
 HEAD = """# The asyncflow pipeline language
@@ -335,10 +336,37 @@ def roles_section() -> list[str]:
     return out
 
 
+EVALUATION = """## Evaluation during training
+
+```yaml
+data:
+  train: {source: data/train.jsonl, fields: [prompt, answer]}
+  test:  {source: data/test.jsonl, fields: [prompt, answer]}   # held out: feeds no task
+eval: {data: test, every: 10}          # .af: eval { data=test every=10 }
+```
+
+The rollout task's replica 0 evaluates on its own engine, between its requests: at step 0 (the
+initial weights, before its first request), whenever it adopts a policy version `every` divides
+(the first version it adopts at or after it, when the weight sync skips one) and on the final
+weights; the run ends once the final weights are evaluated. Each held-out prompt is generated
+`samples_per_prompt` times (greedy by default) and every sample is scored by the metric, called
+as a reward task calls its `fn` (inputs in the declared order). The held-out rows never enter the
+training store. Each evaluation is one line of its own in `RUN_DIR/metrics.jsonl`:
+`{"step": V, "eval/<metric>": mean, "eval/<metric>_std", "eval/n", "eval/version": V,
+"eval/target", "eval/seconds"}` (`step` is the policy version evaluated: the train steps done),
+also sent to TensorBoard and the `--log` loggers, listed in the run summary and drawn by
+`asyncflow viz RUN/metrics.jsonl`. `check` reports an unknown source (AF384), a rollout or metric
+it cannot choose (AF385, AF386), a field the rollout or metric reads that the source lacks
+(AF387), `every` beyond the run's steps (AF388, warning) and sampling keys that greedy decoding
+ignores (AF389, warning). `asyncflow compile --json` shows the resolved `eval` (the versions, the
+worker, the metric and its inputs).
+"""
+
+
 def language_markdown() -> str:
     """The whole reference, ``docs/language.md``."""
     parts = [HEAD, *("\n".join(f()) + "\n" for f in (keys_section, kinds_section,
                                                     estimators_section, losses_section,
                                                     roles_section, scheduling_section)),
-             BINDING, CONVENTIONS, EDITOR]
+             BINDING, CONVENTIONS, EVALUATION, EDITOR]
     return "\n".join(parts)

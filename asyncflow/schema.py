@@ -38,6 +38,8 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                  "field names: a task that reads a field is fed by the task that writes it.",
         "sync": "Weight-sync edges: the only back edges. Each goes from a train task to a task "
                 "that uses the model it trains, with the policy-version lag allowed.",
+        "eval": "Evaluation during training: held-out prompts generated on the rollout engine "
+                "and scored at step 0, every N steps and at the end; reported as eval/<metric>.",
     },
     "model": {
         "init": 'How to build the model: a "module:factory" reference, a local directory or '
@@ -128,6 +130,29 @@ KEY_DOCS: dict[str, dict[str, str]] = {
         "refill": "Filter tasks: groups the filter drops are replaced by new prompts, so every "
                   "train step still gets prompts_per_step groups. Default true.",
     },
+    "eval": {
+        "data": "The held-out data source (a name under data:). It feeds no task and never "
+                "enters the training store; its fields must include the rollout's inputs and "
+                "what the metric reads that the rollout does not write.",
+        "every": "Evaluate every N policy versions (train steps), besides step 0 and the end. "
+                 "Default: at step 0 and at the end only.",
+        "rollout": "The rollout task whose engine generates (replica 0 evaluates, between its "
+                   "requests). Default: the one rollout task (on a trained model).",
+        "metric": "The reward task whose fn scores, called as that task calls it. Default: the "
+                  "one reward task.",
+        "fn": 'Or a "module:function" scoring each sample like a reward fn: its inputs in the '
+              "declared order (inputs:), returning a number (several: a tuple, the first is the "
+              "metric).",
+        "inputs": "The metric's inputs in the declared order: fields of the held-out source or "
+                  "outputs of the rollout. Default: the metric task's inputs.",
+        "name": "Reported as eval/<name>. Default: the metric task's first output (or fn's "
+                "function name).",
+        "greedy": "Greedy decoding (temperature 0). false: sampled at temperature. Default true.",
+        "temperature": "The sampling temperature when greedy is false. Default: the rollout's.",
+        "samples_per_prompt": "Samples generated per held-out prompt. Default 1.",
+        "max_prompts": "Evaluate on the first N rows of the source only. Default: all rows.",
+        "args": "Keyword arguments of the metric function. Default: the metric task's args.",
+    },
     "sync edge": {
         "from": "The train task whose new weights are sent.",
         "to": "The task that receives them (it must use the model the train task updates).",
@@ -139,9 +164,9 @@ KEY_DOCS: dict[str, dict[str, str]] = {
 # the top-level keys that are sections, and what each holds
 SECTION_OF = {"models": ("named", "model"), "data": ("named", "data source"),
               "pools": ("named", "pool"), "step": ("one", "step"), "tasks": ("named", "task"),
-              "sync": ("list", "sync edge")}
+              "sync": ("list", "sync edge"), "eval": ("one", "eval")}
 _DEF = {"model": "model", "data source": "data_source", "pool": "pool", "step": "step",
-        "task": "task", "sync edge": "sync_edge"}
+        "task": "task", "sync edge": "sync_edge", "eval": "eval"}
 
 
 # -- words for the kinds table (shared with docs/language.md) --------------------------------------
