@@ -253,6 +253,30 @@ def test_a_bad_json_file_is_af601(tmp_path, bad, code):
     assert ei.value.diagnostics[0].code == code
 
 
+def test_args_on_a_file_or_saved_directory_are_not_ignored(tmp_path):
+    d = tmp_path / "pipe"
+    _make("saved-dataset", d)
+    _write_jsonl(d / "train.jsonl", CHAT)
+    for source in ("train.jsonl", "saved"):
+        p = _pipeline(tmp_path, source)
+        p.write_text(p.read_text().replace("args: {}", "args: {n: 10}"))
+        with pytest.raises(UserError) as ei:
+            load_prompts(compile_file(str(p)), warn=lambda msg: None)
+        (e,) = ei.value.diagnostics
+        assert e.code == "AF601" and "args (n)" in e.message and e.loc.line == _line(p, "source:")
+
+
+def test_the_training_source_is_the_first_one_eval_does_not_name():
+    from types import SimpleNamespace as NS
+
+    from asyncflow.runtime.data import train_source
+
+    held, train = NS(name="held"), NS(name="train")
+    assert train_source(NS(data=[held, train], eval=NS(data="held"))) is train
+    assert train_source(NS(data=[held, train], eval=None)) is held
+    assert train_source(NS(data=[train, held])) is train
+
+
 # -- end to end, from the CLI --------------------------------------------------------------------
 def test_cli_runs_on_a_saved_dataset_dict_split(tmp_path, hf_home):
     """`asyncflow check` and a 2-step local run read a DatasetDict's split beside the pipeline."""

@@ -84,6 +84,12 @@ def read_source(src, paths: list[str]) -> list:
 
     s, split = src.source, getattr(src, "split", None)
     found = refs.find_file(s, paths)
+    is_file = found is None or not found.is_dir()
+    if src.args and ((found is not None and datasets.saved_splits(found) is not None)
+                     or (is_file and s.lower().endswith(datasets.DATA_SUFFIXES))):
+        raise ValueError(f"args ({', '.join(src.args)}) apply to a \"module:function\" source or "
+                         "to datasets.load_dataset (a hub data set, a data-files directory); "
+                         f"{'a save_to_disk directory' if not is_file else 'a file'} takes none")
     if found is not None and found.is_dir():
         return datasets.directory(str(found), split, **(src.args or {}))
     if s.lower().endswith(datasets.DATA_SUFFIXES):
