@@ -290,6 +290,37 @@ ESTIMATOR_ARGS: dict[str, tuple[Arg, ...]] = {
 }
 
 
+# -- suggestions for an unknown arg ---------------------------------------------------------------
+# names users bring from TRL, verl and elsewhere -> ours (a did-you-mean that spelling cannot find)
+ALIASES = {
+    "learning_rate": "lr", "lrate": "lr", "adam_epsilon": "adam_eps", "clip_grad_norm": "max_grad_norm",
+    "grad_clip": "max_grad_norm", "max_tokens": "max_new_tokens", "max_length": "max_new_tokens",
+    "max_completion_length": "max_new_tokens", "response_length": "max_new_tokens",
+    "beta": "kl_coef", "kl_beta": "kl_coef", "init_kl_coef": "kl_coef", "epsilon": "clip_eps",
+    "clip_ratio": "clip_eps", "cliprange": "clip_eps", "epsilon_high": "clip_eps_high",
+    "clip_ratio_high": "clip_eps_high", "epsilon_low": "clip_eps_low",
+    "clip_ratio_low": "clip_eps_low", "loss_type": "loss_agg", "loss_agg_mode": "loss_agg",
+    "per_device_train_batch_size": "micro_batch", "ppo_micro_batch_size": "micro_batch",
+    "mini_batch": "micro_batch", "temp": "temperature", "cliprange_value": "value_clip",
+    "lambda": "lam", "gae_lambda": "lam", "max_num_batched_seqs": "max_num_seqs",
+}
+
+
+def suggest(key: str, names) -> str | None:
+    """``did you mean 'x'?`` for an unknown arg ``key`` among ``names``: a known alias (TRL's
+    ``learning_rate`` is ``lr``), a close spelling, or a name one is the start of; else None."""
+    import difflib
+
+    names = list(names)
+    best = ALIASES.get(key) if ALIASES.get(key) in names else None
+    if best is None:
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+        prefix = [n for n in names if min(len(n), len(key)) >= 2
+                  and (n.startswith(key) or key.startswith(n))]
+        best = close[0] if close else (prefix[0] if prefix else None)
+    return f"did you mean '{best}'?" if best else None
+
+
 # -- what a task may take ---------------------------------------------------------------------------
 def owners(kind: str, engine: str | None = None, loss: str | None = None,
            estimator: str | None = None,
@@ -377,4 +408,4 @@ def declared_args(target: str, paths=()) -> tuple[Arg, ...] | str:
 
 
 __all__ = ["Arg", "TYPES", "GENERIC_ARGS", "ENGINE_ARGS", "LOSS_ARGS", "ESTIMATOR_ARGS",
-           "owners", "declared", "declared_args"]
+           "ALIASES", "owners", "declared", "declared_args", "suggest"]

@@ -30,7 +30,7 @@ from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
-from asyncflow.argtable import ENGINE_ARGS, Arg, declared_args, owners
+from asyncflow.argtable import ENGINE_ARGS, Arg, declared_args, owners, suggest
 from asyncflow.kinds import ESTIMATORS, KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
 from asyncflow.modelsrc import is_chat
 from asyncflow.refs import (find_file, find_module, function_params, search_path,
@@ -580,8 +580,8 @@ def _args(p: ast.Pipeline, t: ast.TaskDef, d: Diagnostics, plugins: dict) -> set
         unknown.add(key)
         names = list(known) + [n for n in (params.positional + params.keyword_only if params else ())
                                if n not in known]
-        hint = did_you_mean(key, names) or (f"it takes: {', '.join(names)}" if names
-                                            else "it takes no args")
+        hint = suggest(key, names) or (f"it takes: {', '.join(names)}" if names
+                                       else "it takes no args")
         if t.kind in FN_KINDS and ref is not None:
             d.add("AF212", loc, hint, key=key, task=t.name, fn=ref)
             continue

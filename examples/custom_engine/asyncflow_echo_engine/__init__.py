@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+from asyncflow.argtable import Arg  # plain data: importing it does not import torch
 from asyncflow.engines.base import Columns, EngineSpec
 from asyncflow.models import CharTokenizer  # pure Python: importing it does not import torch
 from asyncflow.tokens import Text
@@ -31,7 +32,12 @@ def made_up_logprobs(n: int, version: int) -> list[float]:
 class EchoEngine:
     """Rollout, Scorer and Trainer of :mod:`asyncflow.engines.base`, with no model at all.
 
-    Task args: ``max_new_tokens`` (default 16) cuts the echoed text."""
+    Task args: ``ARGS`` (``asyncflow check`` reads them from this source without importing it:
+    an arg no owner declares is an error, AF210)."""
+
+    ARGS = (
+        Arg("max_new_tokens", "int", 16, "cuts the echoed text", kinds=("rollout",), min=1),
+    )
 
     def __init__(self, spec: EngineSpec):
         self.spec = spec
