@@ -209,7 +209,6 @@ class Estimate:
 
 
 @dataclass
-@dataclass
 class EvalPlan:
     """``eval:`` resolved (docs/language.md, "Evaluation"): the worker ``worker`` (replica 0 of
     the rollout task) evaluates when it adopts each version of ``versions`` (the first version
@@ -236,6 +235,15 @@ class EvalPlan:
     loc: str = ""  # "file:line:col" of the eval section
 
 
+def eval_versions(every: int | None, steps: int) -> list[int]:
+    """The policy versions an ``eval:`` evaluates (evalplan rule 5): 0, ``every``, 2 ``every``,
+    ... and ``steps`` (without ``every``: 0 and ``steps``)."""
+    out = set(range(0, steps + 1, every)) if every else {0}
+    out.add(steps)
+    return sorted(out)
+
+
+@dataclass
 class Plan:
     pipeline: str
     source_file: str

@@ -254,9 +254,9 @@ class Driver:
         if steps is not None:
             plan.step.steps = int(steps)
             if plan.eval is not None:  # --steps: the versions evaluated follow (evalplan rule 5)
-                from asyncflow.compiler.passes.evalplan import versions
+                from asyncflow.plan import eval_versions
 
-                plan.eval.versions = versions(plan.eval.every or None, plan.step.steps)
+                plan.eval.versions = eval_versions(plan.eval.every or None, plan.step.steps)
         self.plan = plan
         self.evals: list[dict] = []  # eval: rows (runtime/evaluate.py), in arrival order
         self.backend_name = backend

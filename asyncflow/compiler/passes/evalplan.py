@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from asyncflow.dsl import ast
+from asyncflow.plan import eval_versions as versions  # rule 5
 from asyncflow.ir.graph import held_out  # noqa: F401  (rule 1 lives with the graph it shapes)
 
 
@@ -37,13 +38,6 @@ class Resolved:
     batched: bool = False
     # (code, key of eval the problem is at, format fields) -- the validate pass reports them
     problems: list[tuple[str, str, dict]] = field(default_factory=list)
-
-
-def versions(every: int | None, steps: int) -> list[int]:
-    """Rule 5: the policy versions evaluated."""
-    out = set(range(0, steps + 1, every)) if every else {0}
-    out.add(steps)
-    return sorted(out)
 
 
 def _trained(p: ast.Pipeline) -> set[str]:
