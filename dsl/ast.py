@@ -125,7 +125,6 @@ class SyncDef:
 
 
 @dataclass(frozen=True)
-@dataclass(frozen=True)
 class EvalDef:
     """``eval:`` evaluation during training on the rollout engine (docs/language.md, "Evaluation")."""
 
@@ -145,6 +144,7 @@ class EvalDef:
     locs: Mapping[str, SourceLoc] = _locs()
 
 
+@dataclass(frozen=True)
 class Pipeline:
     name: str
     tasks: dict[str, TaskDef]
@@ -155,7 +155,7 @@ class Pipeline:
     data: dict[str, DataDef] = field(default_factory=dict)
     pools: dict[str, PoolDef] = field(default_factory=dict)
     sync: tuple[SyncDef, ...] = ()
-    loc: SourceLoc = _loc()
     eval: EvalDef | None = None
+    loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()
     path: str = field(default="", compare=False)

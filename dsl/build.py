@@ -70,7 +70,6 @@ SYNC = {
     "from": Key("name", required=True, attr="src"), "to": Key("name", required=True, attr="dst"),
     "max_staleness": Key("int", required=True, min=0),
 }
-TOP = {
 # evaluation during training (docs/language.md, "Evaluation"): cross-references are AF384-AF389
 EVAL = {
     "data": Key("name", required=True), "every": Key("int", min=1),
@@ -80,6 +79,7 @@ EVAL = {
     "samples_per_prompt": Key("int", default=1, min=1), "max_prompts": Key("int", min=1),
     "args": Key("map", default={}),
 }
+TOP = {
     "pipeline": Key("name", required=True, attr="name"), "description": Key("str", default=""),
     "seed": Key("int", default=0, min=0),
     "models": Key("section"), "data": Key("section"), "pools": Key("section"),
@@ -253,13 +253,13 @@ class Builder:
             return None
         return ast.StepDef(**v, loc=kloc, locs=r[1])
 
-    def sync(self, node: Node | None) -> tuple[ast.SyncDef, ...]:
     def eval(self, node: Node, kloc: SourceLoc) -> ast.EvalDef | None:
         r = self.fields("eval", EVAL, node, kloc)
         if not r or r[0]["data"] is None:
             return None
         return ast.EvalDef(**r[0], loc=kloc, locs=r[1])
 
+    def sync(self, node: Node | None) -> tuple[ast.SyncDef, ...]:
         if node is None:
             return ()
         if not isinstance(node, Seq):
@@ -292,9 +292,9 @@ class Builder:
         step_node = root.entries.get("step")
         step = self.step(step_node.value, step_node.key_loc) if step_node else None
         sync = self.sync(root.get("sync"))
-        if vals.get("name") is None or step is None or "tasks" not in root.entries:
         eval_node = root.entries.get("eval")
         evaluation = self.eval(eval_node.value, eval_node.key_loc) if eval_node else None
+        if vals.get("name") is None or step is None or "tasks" not in root.entries:
             return None
         return ast.Pipeline(models=models, data=data, pools=pools, tasks=tasks, step=step,
                             sync=sync, eval=evaluation, loc=SourceLoc(path, 1, 1), locs=locs,
