@@ -338,3 +338,26 @@ def test_ray_run_writes_final(tmp_path):
     AutoModelForCausalLM.from_pretrained(final)
     AutoTokenizer.from_pretrained(final)
     assert json.load(open(os.path.join(final, export.INFO)))["version"] == 2
+
+
+@pytest.mark.engine
+def test_a_bfloat16_model_is_exported_in_bfloat16(tmp_path):
+    """``dtype: bfloat16`` on the model: final/ holds bf16 weights equal to the published ones."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from asyncflow.compiler.pipeline import compile_file
+    from asyncflow.runtime.driver import Driver
+
+    plan = compile_file(PIPELINE, sets=SETS + ["models.policy.dtype=bfloat16"])
+    driver = Driver(plan, "local", out_dir=str(tmp_path / "run"), steps=1)
+    result = driver.run()
+    final = result.exports["policy"]["dir"]
+    assert result.exports["policy"]["dtype"] == "bfloat16"
+    assert json.load(open(os.path.join(final, "config.json")))["dtype"] == "bfloat16"
+    _, box = driver.control.board.newer({"policy": 0})["policy"]
+    w = _weights(final)
+    assert all(t.dtype == torch.bfloat16 for t in w.values())
+    for name, t in w.items():
+        assert torch.equal(t, box[0][name].to(torch.bfloat16)), name
+    assert AutoModelForCausalLM.from_pretrained(final).dtype == torch.bfloat16

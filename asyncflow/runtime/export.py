@@ -45,7 +45,6 @@ EXPORTS = "export"
 INFO = "asyncflow_export.json"
 WEIGHTS = "model.safetensors"
 VALUE_HEAD_FILE = "value_head.safetensors"
-DTYPES = ("float32", "bfloat16", "float16")
 #: what a checkpoint's engine directory holds that an export leaves out (optimizer, RNG,
 #: DeepSpeed's shards and helper script)
 NOT_EXPORTED = ("engine_state.pt", "latest", "zero_to_fp32.py")
@@ -128,11 +127,9 @@ def write_hf(directory: str, model, tokenizer, dtype: str = "float32", value_hea
 
 
 def _torch_dtype(dtype: str):
-    import torch
+    from asyncflow.models import torch_dtype
 
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    return getattr(torch, dtype)
+    return torch_dtype(dtype)
 
 
 def _cast(t, torch_dtype):
