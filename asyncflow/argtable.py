@@ -181,7 +181,8 @@ VLLM_ARGS = (
     _TOP_P,
     Arg("threads", "int", 2, "torch threads of the process (vLLM sets 1; put back)", _R, min=1),
     Arg("dtype", "str", "float32", "vLLM dtype", _R),
-    Arg("kv_cache_gib", "num", 0.25, "CPU: KV cache size in GiB", _R, min=0, strict=True),
+    Arg("kv_cache_gib", "num", 0.25, "CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE, whole GiB, "
+        "overrides it)", _R, min=0, strict=True),
     Arg("gpu_memory_utilization", "num", 0.5, "GPU: the fraction of GPU memory vLLM may take",
         _R, min=0, strict=True, max=1),
     Arg("enforce_eager", "bool", True, "no torch.compile or graph capture (start-up in "
@@ -229,6 +230,9 @@ SIM_ARGS = (
     Arg("env_threads", "int", None, "with env, schedule: queue: threads for resets and steps, "
         "and so the episodes in flight (default: 2 * slots)", _R, min=1),
 )
+
+# built-in engines that run only some kinds (the others, and plug-ins, may run any)
+ENGINE_RUNS = {"vllm": ("rollout",), "deepspeed": ("train", "logprob", "value")}
 
 ENGINE_ARGS: dict[str, tuple[Arg, ...]] = {
     "hf": HF_ARGS, "vllm": VLLM_ARGS, "deepspeed": DEEPSPEED_ARGS, "sim": SIM_ARGS}
@@ -407,5 +411,5 @@ def declared_args(target: str, paths=()) -> tuple[Arg, ...] | str:
     return tuple(out)
 
 
-__all__ = ["Arg", "TYPES", "GENERIC_ARGS", "ENGINE_ARGS", "LOSS_ARGS", "ESTIMATOR_ARGS",
+__all__ = ["Arg", "TYPES", "GENERIC_ARGS", "ENGINE_ARGS", "ENGINE_RUNS", "LOSS_ARGS", "ESTIMATOR_ARGS",
            "ALIASES", "owners", "declared", "declared_args", "suggest"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncflow import kinds
+from asyncflow import argtable, kinds
 from asyncflow.dsl import build
 from asyncflow.engines.base import BUILTIN
 
@@ -292,8 +292,67 @@ def _task() -> dict[str, Any]:
             then["properties"]["outputs"] = {"minItems": 1}
         rules.append({"if": {"properties": {"kind": {"const": name}}, "required": ["kind"]},
                       "then": then})
-    s["allOf"] = rules
+    props["args"] = _args_property(props["args"]["description"])
+    s["allOf"] = rules + _args_rules()
     return s
+
+
+# -- task args (asyncflow.argtable) ----------------------------------------------------------------
+_ARG_JSON = {"int": {"type": "integer"}, "num": {"type": "number"}, "bool": {"type": "boolean"},
+             "str": {"type": "string"}, "list": {"type": "array"}, "dict": {"type": "object"},
+             "int|dist": {"anyOf": [{"type": "integer"}, {"type": "object"}]},
+             "num|dist": {"anyOf": [{"type": "number"}, {"type": "object"}]}}
+
+
+def _arg(a: argtable.Arg, who: str) -> dict[str, Any]:
+    """The schema of one declared arg: its type, bounds and doc (said by its owner)."""
+    s: dict[str, Any] = ({"enum": list(a.choices)} if a.type == "choice"
+                         else dict(_ARG_JSON[a.type]))
+    if a.min is not None or a.max is not None:
+        bounds: dict[str, Any] = {}
+        if a.min is not None:
+            bounds["exclusiveMinimum" if a.strict else "minimum"] = a.min
+        if a.max is not None:
+            bounds["maximum"] = a.max
+        if "anyOf" in s:
+            s["anyOf"][0].update(bounds)
+        else:
+            s.update(bounds)
+    if a.nullable:
+        s = {"anyOf": [s, {"type": "null"}]}
+    kinds_ = f" ({', '.join(a.kinds)} tasks)" if a.kinds else ""
+    s["description"] = f"{who}{kinds_}: {a.doc}."
+    if a.default is not None:
+        s["default"] = a.default
+    return s
+
+
+def _args_rules() -> list[dict[str, Any]]:
+    """One rule per built-in engine, loss and estimator: the args it declares, with their types
+    and docs, for editors. Not closed (additionalProperties stays open): a task's args also go
+    to its fn or env, and which owners a task has depends on several keys at once; `asyncflow
+    check` reports unknown args (AF210)."""
+    rules = []
+    for key, table, what in (("engine", argtable.ENGINE_ARGS, "engine"),
+                             ("loss", argtable.LOSS_ARGS, "loss"),
+                             ("estimator", argtable.ESTIMATOR_ARGS, "estimator")):
+        for name, args in table.items():
+            if not args:
+                continue
+            rules.append({"if": {"properties": {key: {"const": name}}, "required": [key]},
+                          "then": {"properties": {"args": {"properties": {
+                              a.name: _arg(a, f"the {name} {what}'s") for a in args}}}}})
+    return rules
+
+
+def _args_property(doc: str) -> dict[str, Any]:
+    """``args``: a mapping; the compiler's own args by name (every engine's, loss's and
+    estimator's come in through :func:`_args_rules`)."""
+    names = sorted({a.name for t in (*argtable.ENGINE_ARGS.values(), *argtable.LOSS_ARGS.values(),
+                                     *argtable.ESTIMATOR_ARGS.values()) for a in t})
+    return {"type": "object", "description": doc + " Declared args (docs/language.md, 'Args'): "
+            + ", ".join(names) + "; and the keywords a fn or env takes.",
+            "properties": {a.name: _arg(a, "the compiler's") for a in argtable.GENERIC_ARGS}}
 
 
 def _top_key(key: str, spec: build.Key) -> dict[str, Any]:

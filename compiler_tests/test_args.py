@@ -343,3 +343,38 @@ def test_cli_check_fails_on_lrate_with_exit_2(tmp_path):
     line, col = position(text, "lrate")
     assert f"{path}:{line}:{col}: AF210 task 'update' has no arg 'lrate'" in r.stderr
     assert "hint: did you mean 'lr'?" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- docs/language.md and the JSON Schema list the table ------------------------------------------
+def test_the_reference_lists_every_arg():
+    from asyncflow.langdoc import args_section
+
+    text = "\n".join(args_section())
+    for engine, args in ENGINE_ARGS.items():
+        section = text.split(f"### Engine `{engine}`")[1].split("###")[0]
+        assert all(f"| `{a.name}` |" in section for a in args), engine
+    for a in [*GENERIC_ARGS, *(a for t in (*LOSS_ARGS.values(), *ESTIMATOR_ARGS.values())
+                               for a in t)]:
+        assert f"| `{a.name}` |" in text, a.name
+
+
+def test_the_schema_describes_every_engines_args_without_closing_them():
+    import jsonschema
+    import yaml
+
+    from asyncflow.schema import json_schema
+
+    schema = json_schema()
+    rules = schema["$defs"]["task"]["allOf"]
+    for key, table in (("engine", ENGINE_ARGS), ("loss", LOSS_ARGS), ("estimator", ESTIMATOR_ARGS)):
+        for name, args in table.items():
+            got = [r["then"]["properties"]["args"]["properties"] for r in rules
+                   if r["if"]["properties"].get(key, {}).get("const") == name]
+            assert (got[0].keys() if got else set()) == {a.name for a in args}, (key, name)
+    v = jsonschema.Draft202012Validator(schema)
+    doc = yaml.safe_load(GRPO)
+    doc["tasks"]["score"]["args"] = {"anything": 1}  # a fn's keywords: open
+    assert not list(v.iter_errors(doc))
+    doc["tasks"]["update"]["args"]["lr"] = "fast"
+    doc["tasks"]["generate"]["args"]["max_new_tokens"] = 0
+    assert len(list(v.iter_errors(doc))) == 2

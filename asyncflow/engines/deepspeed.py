@@ -9,7 +9,8 @@ As a scorer (``kind: logprob | value``) it *is* the hf engine: DeepSpeed adds no
 forward pass without gradients on one device.
 
 Task args it reads, besides the hf engine's (``lr``, ``betas``, ``weight_decay``,
-``adam_eps``, ``micro_batch``, ``max_grad_norm``, ``threads``, loss settings):
+``adam_eps``, ``micro_batch``, ``max_grad_norm``, ``threads``, loss settings), all declared in
+:data:`asyncflow.argtable.DEEPSPEED_ARGS` (which ``asyncflow check`` checks them against):
 
 =================  ==============  =============================================================
 arg                default         meaning

@@ -4,27 +4,10 @@
 uses (rollout | logprob | value | train). Weights come from ``spec.model["init"]`` through
 :func:`asyncflow.models.load` (a ``module:factory`` or a local directory; never a download).
 
-Task args it reads (all optional):
-
-===================  ===========  ==================================================
-arg                  default      meaning
-===================  ===========  ==================================================
-``max_new_tokens``   16           rollout: response length cap (eos stops earlier): a number or
-                                  a distribution, drawn per row (:mod:`.hf_serve`)
-``temperature``      1.0          sampling temperature; scorer/trainer log-probs use it too
-``top_p``            1.0          rollout: nucleus sampling (does not change log-probs)
-``slots``            a step       rollout, ``schedule: queue``: requests decoded at once (default:
-                                  the step's samples, at least 32)
-``lr``               1e-4         train: AdamW learning rate
-``weight_decay``     0.0          train: AdamW weight decay
-``betas``            [0.9, 0.999] train: AdamW betas
-``micro_batch``      all rows     train/score: rows per forward pass
-``max_grad_norm``    1.0          train: gradient clipping (``None``: off)
-``threads``          2            ``torch.set_num_threads`` (process-wide); the runtime passes
-                                  the replica's CPU slots when devices are CPU slots
-``device``           cpu          torch device
-loss settings        -            :class:`asyncflow.algos.config.LossConfig` fields
-===================  ===========  ==================================================
+Task args: every one it reads is declared, with its type, default, bounds and the kinds it
+applies to, in :data:`asyncflow.argtable.HF_ARGS` (``asyncflow check`` checks them; listed in
+docs/language.md, "Args"); a trainer also reads its loss's settings
+(:data:`asyncflow.argtable.LOSS_ARGS`, :class:`asyncflow.algos.config.LossConfig`).
 
 Columns are keyed by *role* (:mod:`asyncflow.kinds`), never by the user's field names: the worker
 renames the store's fields to roles before a call and back after it. A rollout reads ``prompt``

@@ -2,21 +2,11 @@
 engine"), and still returns well-formed outputs so every downstream task runs for real.
 
 One class, :class:`SimEngine`, implements all three protocols of :mod:`asyncflow.engines.base`.
-Its ``args`` (the task's ``args:``; every sleep is multiplied by ``time_scale``):
-
-=====================  ==============================================================  =========
-arg                    meaning                                                         default
-=====================  ==============================================================  =========
-``slots``              samples one rollout replica works on at once (continuous        64
-                       batching): a freed slot takes the next row at once
-``latency``            device time of one sample, in seconds: a number, or a           0.01
-                       distribution ``{dist, ..., seed}`` (below)
-``response_tokens``    length of a generated response: a number or a distribution      8
-``seconds_per_sample`` scorer / trainer: a call on n rows sleeps ``n * this / d``     0.002 /
-                       (``d``: the replica's ``devices_per_replica``, data parallel)   0.005
-``sync_seconds``       time ``update_weights`` takes (weight transfer), per call        0
-``time_scale``         multiplies every sleep (tests run a modelled second in 1 ms)    1.0
-=====================  ==============================================================  =========
+Its ``args`` (the task's ``args:``; every sleep is multiplied by ``time_scale``) are declared,
+with their types, defaults and the kinds they apply to, in :data:`asyncflow.argtable.SIM_ARGS`
+(``asyncflow check`` checks them; listed in docs/language.md, "Args"): ``slots``,
+``latency``, ``response_tokens``, ``seconds_per_sample``, ``sync_seconds``, ``time_scale``
+(and ``seconds_per_call``, a cost hint).
 
 Distributions (all take ``seed``; ``max`` clamps a heavy tail):
 

@@ -14,28 +14,9 @@ written with :func:`asyncflow.models.save` to a temporary local HF directory tha
 reads. vLLM's tokenizer is never started (``skip_tokenizer_init``): prompts go in as
 token ids from asyncflow's tokenizer, which also decodes the responses.
 
-Task args it reads (all optional):
-
-============================  =========  ==================================================
-arg                           default    meaning
-============================  =========  ==================================================
-``max_new_tokens``            16         response length cap (eos stops earlier): a number or a
-                                         distribution, drawn per row as ``hf`` draws it
-                                         (:func:`asyncflow.engines.hf_serve.length_cap`)
-``temperature``               1.0        sampling temperature; ``<= 0`` is greedy (log-probs at
-                                         T = 1, as ``hf``)
-``top_p``                     1.0        nucleus sampling (does not change log-probs)
-``threads``                   2          torch threads of the process (vLLM sets 1; put back)
-``dtype``                     float32    vLLM ``dtype``
-``kv_cache_gib``              0.25       CPU: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``,
-                                         whole GiB, overrides it)
-``gpu_memory_utilization``    0.5        GPU: the fraction of GPU memory vLLM may take
-``enforce_eager``             true       no torch.compile / graph capture (start-up in seconds)
-``max_num_seqs``              256        most sequences vLLM batches at once
-``slots``                     max_num_   ``serve``: requests in flight at once
-                              seqs
-``prefix_caching``            see below  vLLM's automatic prefix caching
-============================  =========  ==================================================
+Task args: every one it reads is declared, with its type, default and bounds, in
+:data:`asyncflow.argtable.VLLM_ARGS` (``asyncflow check`` checks them; listed in
+docs/language.md, "Args"). ``prefix_caching``: see below.
 
 How it maps onto vLLM 0.32:
 

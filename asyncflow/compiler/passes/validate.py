@@ -30,7 +30,7 @@ from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
-from asyncflow.argtable import ENGINE_ARGS, Arg, declared_args, owners, suggest
+from asyncflow.argtable import ENGINE_ARGS, ENGINE_RUNS, Arg, declared_args, owners, suggest
 from asyncflow.kinds import ESTIMATORS, KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
 from asyncflow.modelsrc import is_chat
 from asyncflow.refs import (find_file, find_module, function_params, search_path,
@@ -39,8 +39,6 @@ from asyncflow.refs import (find_file, find_module, function_params, search_path
 # the keys each kind needs and takes, and which kinds must write something: the kinds table
 KEYS = {k: (v.needs, v.takes) for k, v in KINDS.items()}
 NEEDS_OUTPUTS = tuple(k for k, v in KINDS.items() if v.needs_outputs)
-# built-in engines that run only some kinds (others, and plug-ins, may run any)
-ENGINE_RUNS = {"vllm": ("rollout",), "deepspeed": ("train", "logprob", "value")}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # task args that may be a number or a distribution ({dist: ..., seed: ...}): the sim engine's
 # latency and lengths, and a rollout's per-row length cap (long-tailed response lengths)
