@@ -233,7 +233,7 @@ class Wandb:
         os.makedirs(directory, exist_ok=True)
         project = os.environ.get("WANDB_PROJECT") or config.get("pipeline") or "asyncflow"
         self.run = wandb.init(project=project, name=self.run_name, config=config,
-                              dir=directory, mode=self.mode, reinit="create_new")
+                              dir=directory, mode=self.mode)
         self.where = (f"offline in {os.path.dirname(self.run.dir)} (wandb sync uploads it)"
                       if self.mode == "offline" else f"{self.mode}: {getattr(self.run, 'url', '')}")
 
