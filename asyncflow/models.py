@@ -91,6 +91,21 @@ def _show(v: Any) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
+def _byte_chars() -> dict[int, str]:
+    """Byte-level BPE's printable stand-in for each byte (printable Latin-1 bytes are themselves;
+    the others, space and newline among them, map to chr(256 + n) in byte order)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    out, n = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+_BYTE_CHAR = _byte_chars()
+
+
 class CharTokenizer:
     """One id per character. Ids 0..3 are ``<pad> <bos> <eos> <unk>``; then digits, the
     operators ``+-*/=%^``, lower- and upper-case ASCII letters, space, newline and some
@@ -137,14 +152,17 @@ class CharTokenizer:
         """This tokenizer as a ``transformers.PreTrainedTokenizerFast`` giving the same ids:
         ``encode(text, add_special_tokens=False) == self.encode(text)``, and with special tokens
         ``<bos>`` first, as :meth:`encode_prompt` does."""
-        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
         from transformers import PreTrainedTokenizerFast
 
+        # a byte-level BPE without merges: one token per character (every CHARS entry is one
+        # ASCII byte). Byte-level, because transformers' AutoTokenizer rebuilds the tokenizer of
+        # a Qwen2 checkpoint as a byte-level BPE from the saved vocabulary: it then gives these ids
         vocab = {s: i for i, s in enumerate(self.SPECIALS)}
-        vocab.update(self._to_id)
-        tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-        tok.decoder = decoders.Fuse()
+        vocab.update({_BYTE_CHAR[ord(c)]: i for c, i in self._to_id.items()})
+        tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
         tok.post_processor = processors.TemplateProcessing(
             single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", self.bos_id)])
         return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",

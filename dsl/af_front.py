@@ -31,6 +31,7 @@ FORMS = {
     "pipeline": 'pipeline NAME "description"',
     "seed": "seed 0",
     "model": "model NAME = module:factory(key=value, ...) [frozen] { key=value ... }"
+             '  or  model NAME = "path/or/org-name" [frozen] { key=value ... }'
              "  or  model NAME = copy(OTHER) [frozen]",
     "data": "data NAME = module:factory(key=value, ...) -> field, field { key=value ... }",
     "pool": "pool NAME(devices=N) { key=value ... }",
@@ -427,6 +428,7 @@ def report(exc: UnexpectedInput, text: str, path: str, scan: BracketScan, d: Dia
             return
         char_hint = {"'": 'strings are written in double quotes: "text"',
                      ":": "use '=' between a key and its value: key=value"}.get(ch, hint)
+        char_hint = _unquoted_path_hint(stmt, text, exc.pos_in_stream) or char_hint
         d.add("AF110", loc, char_hint, char=_show_char(ch))
         return
     if not isinstance(exc, UnexpectedToken):  # UnexpectedEOF: Earley only, kept for safety
@@ -493,6 +495,24 @@ def describe_expected(accepts: set[str]) -> str:
     if not words:
         return "something else"
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+_UNQUOTED = re.compile(r"^(\s*(model|data)\s+\w+\s*=\s*)([^\s\"{}()]+)(.*)$")
+
+
+def _unquoted_path_hint(stmt: str | None, text: str, offset: int) -> str | None:
+    """The quoted form of an unquoted path or hub id after ``model NAME =`` / ``data NAME =``
+    (``model actor = ckpt/tiny-chat`` -> ``model actor = "ckpt/tiny-chat"``), or None."""
+    if stmt not in ("model", "data"):
+        return None
+    start = text.rfind("\n", 0, offset) + 1
+    end = text.find("\n", offset)
+    m = _UNQUOTED.match(text[start:len(text) if end < 0 else end])
+    if m is None or ":" in m.group(3):
+        return None
+    what = "a path or hub id" if stmt == "model" else "a path"
+    return (f'{what} is a string, written in double quotes: '
+            f'{m.group(1).strip()} "{m.group(3)}"{m.group(4).rstrip()}')
 
 
 def _current_statement(exc: UnexpectedInput) -> str | None:

@@ -39,6 +39,25 @@ def processes_table(plan, most: int = 12):
     return t
 
 
+def models_table(plan):
+    """Where each model comes from, as the compiler resolved it (the plan's ``models``)."""
+    from rich.table import Table
+
+    t = Table(title="models", title_justify="left")
+    for col in ("model", "from", "source", "dtype", "trained by"):
+        t.add_column(col, overflow="fold")
+    for m in plan.models:
+        kind = getattr(m, "source_kind", "") or "?"
+        src = getattr(m, "source", "") or (m.init or "")
+        if kind == "hub":
+            src += f" ({getattr(m, 'path', '') or 'not cached: downloaded at start-up'})"
+        if m.copy_of:
+            kind = f"copy of {m.copy_of}: {kind}"
+        t.add_row(m.name, kind, src, getattr(m, "dtype", "float32"),
+                  m.updated_by or ("frozen" if m.frozen else ""))
+    return t
+
+
 def plan_tables(plan):
     """The plan as rich tables (the compile command prints them; viz HTML reuses the data)."""
     from rich.table import Table
@@ -108,7 +127,7 @@ def plan_tables(plan):
             if isinstance(mb, int) and mb > 0:
                 batch.add_row(f"micro-batches per step ({t.name}: {mb})",
                               str(st.samples_per_step // mb))
-    out = [tasks, binds, sched, pools, procs, chans, sync, batch]
+    out = [models_table(plan), tasks, binds, sched, pools, procs, chans, sync, batch]
     e = plan.estimate
     if e is not None:
         how = "simulated" if e.notes and e.notes[0].startswith("simulated") else "closed form"
