@@ -1,0 +1,152 @@
+"""Chat prompts and real tokenizers: a list of {role, content} messages is rendered with the
+tokenizer's chat template and the generation prompt (no doubled BOS), a string is used as is,
+responses end at EOS and decode without special tokens; the text the model saw rides on the
+response (Text.prompt_text); a run on a user's checkpoint directory with chat data works from
+another working directory."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncflow.models import CharTokenizer, PromptError, encode_prompt
+
+ROOT = Path(__file__).resolve().parent.parent
+MSGS = [{"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "What is 2+3?"}]
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    import tiny_hf
+
+    return tiny_hf.model_dir(tmp_path_factory.mktemp("m") / "tiny-chat")
+
+
+@pytest.mark.engine
+def test_chat_and_string_prompts_encode_as_trl_does(chat_dir, tmp_path):
+    import tiny_hf
+    from asyncflow import models
+
+    tok = models.from_directory(str(chat_dir)).tokenizer
+    ids, text = tok.encode_prompt(MSGS)
+    want = tok.tok.apply_chat_template(MSGS, add_generation_prompt=True, tokenize=False)
+    assert text == want and text.endswith("<|assistant|>")
+    assert ids == tok.tok.encode(want, add_special_tokens=False)
+    assert ids[0] == tok.bos_id and ids[1] != tok.bos_id  # the template's BOS, only once
+    ids, text = tok.encode_prompt("What is 2+3?")  # a string: the tokenizer's own specials
+    assert text == "What is 2+3?" and ids == tok.tok.encode(text) and ids.count(tok.bos_id) == 1
+    assert tok.decode(ids + [tok.eos_id]) == "What is 2+3?"
+    plain = models.from_directory(str(tiny_hf.model_dir(tmp_path / "plain", chat_template=None)))
+    with pytest.raises(PromptError) as e:
+        plain.tokenizer.encode_prompt(MSGS)
+    assert e.value.code == "AF651"
+
+
+def test_char_tokenizer_prompts():
+    tok = CharTokenizer()
+    assert encode_prompt(tok, "1+2=") == ([tok.bos_id] + tok.encode("1+2="), "1+2=")
+    for bad, code in ((MSGS, "AF651"), ([{"text": "no role"}], "AF652"), ({"a": 1}, "AF652")):
+        with pytest.raises(PromptError) as e:
+            encode_prompt(tok, bad)
+        assert e.value.code == code
+
+
+def _spec(model_dir_or_factory: str, kind: str = "rollout", **extra):
+    from asyncflow.engines.base import EngineSpec
+
+    return EngineSpec(task="sampler", kind=kind, model={"name": "actor", "init": model_dir_or_factory,
+                                                      "args": {}, "loc": "p.yaml:3:11"},
+                      args={"max_new_tokens": 4}, outputs=("response", "logprobs"),
+                      extra={"task_loc": "p.yaml:9:3", **extra})
+
+
+@pytest.mark.engine
+def test_hf_engine_renders_chats_and_keeps_the_text_it_saw(chat_dir):
+    from asyncflow.engines.hf import HFEngine
+    from asyncflow.runtime.contract import TaskError
+
+    eng = HFEngine(_spec(str(chat_dir)))
+    out = eng.generate({"prompt": [MSGS, "What is 4+4?"]})
+    r0, r1 = out["response"]
+    assert r0.prompt_text.endswith("<|assistant|>") and r0.prompt_text.startswith("<s><|system|>")
+    assert r1.prompt_text == "What is 4+4?"
+    tok = eng.tokenizer
+    for r in (r0, r1):
+        assert list(r.prompt_ids) == tok.encode_prompt(MSGS if r is r0 else "What is 4+4?")[0]
+        eos = tok.eos_id
+        assert eos not in r.ids[:-1]  # a response ends at its first EOS
+        assert str(r) == tok.decode([t for t in r.ids if t != eos])
+        assert "</s>" not in str(r) and "<s>" not in str(r)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(r0)).prompt_text == r0.prompt_text
+    # a chat for a tokenizer without a template (here a factory's character tokenizer): AF651
+    eng = HFEngine(_spec("asyncflow.models:tiny_decoder"))
+    with pytest.raises(TaskError) as e:
+        eng.generate({"prompt": [MSGS]})
+    assert e.value.code == "AF651" and e.value.loc == "p.yaml:3:11"
+
+
+PIPE = """\
+pipeline: chat_run
+models:
+  actor: {init: ckpt/tiny-chat}
+  anchor: {copy_of: actor, frozen: true}
+data:
+  train: {source: data/train.jsonl, fields: [messages, gold]}
+pools:
+  gen: {devices: 1}
+step: {prompts_per_step: 2, samples_per_prompt: 2, steps: 2}
+tasks:
+  sampler: {kind: rollout, engine: hf, model: actor, pool: gen, inputs: [messages],
+            outputs: [completion, lp], args: {max_new_tokens: 4}}
+  judge: {kind: reward, fn: "grader:grade", inputs: [messages, gold, completion], outputs: [score]}
+  anchor_lp: {kind: logprob, engine: hf, model: anchor, pool: gen, inputs: [messages, completion],
+              outputs: [frozen_lp]}
+  baseline: {kind: advantage, estimator: grpo, inputs: [score], outputs: [adv]}
+  learner: {kind: train, engine: hf, model: actor, pool: gen, loss: grpo,
+            inputs: [messages, completion, lp, frozen_lp, adv], args: {lr: 1.0e-3}}
+sync:
+  - {from: learner, to: sampler, max_staleness: 0}
+"""
+
+GRADER = """\
+import json  # the real one: json.py beside this file must not shadow it
+
+
+def grade(messages, gold, completion):
+    assert isinstance(messages, list) and messages[-1]["role"] == "user", messages
+    assert isinstance(completion, str)
+    return float(json.loads("1.0") if gold in completion else 0.0)
+"""
+
+
+@pytest.mark.engine
+def test_run_a_checkpoint_directory_with_chat_data_from_another_directory(chat_dir, tmp_path):
+    import shutil
+
+    proj, cwd = tmp_path / "project", tmp_path / "elsewhere"
+    (proj / "data").mkdir(parents=True)
+    cwd.mkdir()
+    shutil.copytree(chat_dir, proj / "ckpt" / "tiny-chat")
+    rows = [{"messages": [{"role": "user", "content": f"What is {a}+{a}?"}], "gold": str(2 * a)}
+            for a in range(1, 9)]
+    (proj / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (proj / "pipeline.yaml").write_text(PIPE)
+    (proj / "grader.py").write_text(GRADER)
+    (proj / "json.py").write_text("raise ImportError('shadowed')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "check", "../project/pipeline.yaml"],
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "model actor: directory" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", "../project/pipeline.yaml",
+                        "--backend", "local", "--out", str(tmp_path / "run")],
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len([m for m in metrics if "step" in m]) >= 2
