@@ -42,8 +42,13 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                 "and scored at step 0, every N steps and at the end; reported as eval/<metric>.",
     },
     "model": {
-        "init": 'How to build the model: a "module:factory" reference, a local directory or '
-                "checkpoint, or a model id like org/name. Give init or copy_of, not both.",
+        "init": 'Where the model comes from: a "module:factory" reference; a Hugging Face '
+                "checkpoint directory, relative to this file (then the working directory) or "
+                "absolute; or a hub id org/name[@revision], read from the Hugging Face cache "
+                "(downloaded at start-up when online; with HF_HUB_OFFLINE=1 it must be cached). "
+                "`check` and `compile` say which. Give init or copy_of, not both.",
+        "dtype": "The weights' dtype: float32, bfloat16 or float16 (default: the copied "
+                 "model's, else float32). Log-probabilities are computed in float32.",
         "args": "Keyword arguments of the init factory.",
         "copy_of": "Start as a copy of this other model, with weights of its own (e.g. a "
                    "frozen reference).",
