@@ -1,14 +1,15 @@
 """Shared fixtures of the compiler tests (pure: no ray, no torch; milliseconds each)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 # nothing downloads: a hub id not in the cache is AF345 at check (its example relies on this)
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ROOT / "pipelines"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

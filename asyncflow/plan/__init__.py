@@ -261,8 +261,8 @@ class Plan:
     format: int = PLAN_FORMAT
     device_kind: str = "CPU"  # what a pool device is: "GPU" or "CPU" (a CPU slot)
     fields: dict = field(default_factory=dict)  # field -> {role, type, producer} (bind pass)
-
     eval: EvalPlan | None = None  # evaluation during training (``eval:``), if any
+
     def task(self, name: str) -> TaskPlan:
         for t in self.tasks:
             if t.name == name:
