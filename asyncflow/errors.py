@@ -5,6 +5,8 @@ asyncflow itself (exit code 1) and names where it happened (for the compiler: th
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class AsyncflowError(Exception):
     """Base of every error asyncflow raises on purpose."""
@@ -20,3 +22,17 @@ class UserError(AsyncflowError):
 
 class InternalError(AsyncflowError):
     """A bug in asyncflow, not in the user's input."""
+
+
+class TaskError(Exception):
+    """A located user error found while a task ran (a user function, an engine's model or
+    prompt); crosses process boundaries as a dict. Raised by the runtime's contract checks
+    (:mod:`asyncflow.runtime.contract`) and by engines (:func:`asyncflow.models.located`)."""
+
+    def __init__(self, code: str, task, **fields: Any):
+        self.code, self.loc = code, getattr(task, "loc", "") or ""
+        self.fields = {"task": getattr(task, "name", str(task)), **fields}
+        super().__init__(f"{code} {self.fields}")
+
+    def payload(self) -> dict:
+        return {"code": self.code, "loc": self.loc, "fields": dict(self.fields)}

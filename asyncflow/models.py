@@ -355,11 +355,11 @@ def save(loaded: Loaded, directory: str) -> None:
 
 # -- what engines call: errors located at the model's init or the task -----------------------------
 def located(spec, e: SourceError | PromptError):
-    """A :class:`~asyncflow.runtime.contract.TaskError` for an engine's model or prompt error,
+    """A :class:`~asyncflow.errors.TaskError` for an engine's model or prompt error,
     located at the model's ``init`` (AF650, AF651) or the task (AF652)."""
     from types import SimpleNamespace
 
-    from asyncflow.runtime.contract import TaskError
+    from asyncflow.errors import TaskError
 
     model = getattr(spec, "model", None) or {}
     extra = getattr(spec, "extra", None) or {}

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from asyncflow import hfdir
 from asyncflow.runtime import checkpoint, export
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
@@ -68,7 +69,7 @@ def run(tmp_path_factory):
 def _weights(directory: str) -> dict:
     from safetensors.torch import load_file
 
-    return load_file(os.path.join(directory, export.WEIGHTS))
+    return load_file(os.path.join(directory, hfdir.WEIGHTS))
 
 
 # ------------------------------------------------------------------ the final export
@@ -244,7 +245,7 @@ def test_write_hf_critic_and_dtype(tmp_path):
     head = torch.nn.Linear(16, 1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     d = str(tmp_path / "critic")
-    export.write_hf(d, model, tok, "float16", value_head=head)
+    hfdir.write_hf(d, model, tok, "float16", value_head=head)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
     assert model.dtype == torch.float32
     got = load_file(os.path.join(d, export.VALUE_HEAD_FILE))
@@ -272,7 +273,7 @@ def test_export_errors(run, capsys, tmp_path):
     bad = str(tmp_path / "bad")
     shutil.copytree(out, bad, ignore=shutil.ignore_patterns("final", "export"))
     ck = os.path.join(checkpoint.root(bad), "step_2")
-    with open(os.path.join(checkpoint.engine_dir(ck, "update/0"), export.WEIGHTS), "wb") as f:
+    with open(os.path.join(checkpoint.engine_dir(ck, "update/0"), hfdir.WEIGHTS), "wb") as f:
         f.write(b"not a safetensors file")
     rc, text = _cli(capsys, "export", bad, "--step", "2")
     assert rc == 2 and "AF662" in text and "step_2" in text

@@ -433,7 +433,7 @@ class HFEngine:
         if self.value_head is not None:
             from safetensors.torch import save_file
 
-            from asyncflow.runtime.export import VALUE_HEAD_FILE
+            from asyncflow.hfdir import VALUE_HEAD_FILE
 
             save_file({k: v.detach().to("cpu").contiguous()
                        for k, v in self.value_head.state_dict().items()},
@@ -441,9 +441,9 @@ class HFEngine:
 
     def export(self, directory: str, dtype: str = "float32") -> None:
         """The trained model as a Hugging Face directory in ``dtype`` (weights, config,
-        tokenizer; a critic's value head beside it): :func:`asyncflow.runtime.export.write_hf`.
+        tokenizer; a critic's value head beside it): :func:`asyncflow.hfdir.write_hf`.
         The engine's own weights are not changed."""
-        from asyncflow.runtime.export import write_hf
+        from asyncflow.hfdir import write_hf
 
         write_hf(directory, self.model, self.tokenizer, dtype, value_head=self.value_head)
 

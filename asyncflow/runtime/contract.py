@@ -19,17 +19,9 @@ import math
 from numbers import Real
 from typing import Any, Sequence
 
+from asyncflow.errors import TaskError  # defined there: engines raise it too
 
-class TaskError(Exception):
-    """A located user error found while a task ran; crosses process boundaries as a dict."""
 
-    def __init__(self, code: str, task, **fields: Any):
-        self.code, self.loc = code, getattr(task, "loc", "") or ""
-        self.fields = {"task": getattr(task, "name", str(task)), **fields}
-        super().__init__(f"{code} {self.fields}")
-
-    def payload(self) -> dict:
-        return {"code": self.code, "loc": self.loc, "fields": dict(self.fields)}
 
 
 def _num(v: Any) -> bool:

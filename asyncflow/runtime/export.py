@@ -38,13 +38,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 
 FINAL = "final"
 EXPORTS = "export"
-INFO = "asyncflow_export.json"
-WEIGHTS = "model.safetensors"
-VALUE_HEAD_FILE = "value_head.safetensors"
+from asyncflow.hfdir import (INFO, VALUE_HEAD_FILE, _cast, _set_config_dtype, _torch_dtype,
+                             _write_info)
 #: what a checkpoint's engine directory holds that an export leaves out (optimizer, RNG,
 #: DeepSpeed's shards and helper script)
 NOT_EXPORTED = ("engine_state.pt", "latest", "zero_to_fp32.py")
@@ -86,75 +84,6 @@ def finals(run_dir: str) -> dict[str, str]:
         return {}
     return {n: os.path.join(root, n) for n in sorted(os.listdir(root))
             if not n.startswith(".") and os.path.exists(os.path.join(root, n, INFO))}
-
-
-# ------------------------------------------------------------------ writing one directory
-def write_hf(directory: str, model, tokenizer, dtype: str = "float32", value_head=None,
-             info: dict | None = None) -> None:
-    """Write ``model`` (a transformers causal LM) as a Hugging Face directory in ``dtype``:
-    config (its ``dtype`` set), generation config, ``model.safetensors`` (the weights cast to
-    ``dtype``; a tensor shared by several names, tied embeddings, stored once under its first
-    name), the tokenizer (its own ``save``: transformers files and chat template), the critic's
-    value head, and ``asyncflow_export.json``. The model itself is not changed."""
-    import torch
-    from safetensors.torch import save_file
-
-    torch_dtype = _torch_dtype(dtype)
-    os.makedirs(directory, exist_ok=True)
-    model.config.save_pretrained(directory)
-    _set_config_dtype(directory, dtype)
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        try:
-            gen.save_pretrained(directory)
-        except (ValueError, TypeError):  # a generation config transformers refuses to write
-            pass
-    seen: set = set()
-    weights = {}
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-            if t.numel() and key in seen:
-                continue
-            seen.add(key)
-            weights[name] = _cast(t, torch_dtype)
-    save_file(weights, os.path.join(directory, WEIGHTS), metadata={"format": "pt"})
-    tokenizer.save(directory)
-    if value_head is not None:
-        head = {k: _cast(v, torch_dtype) for k, v in value_head.state_dict().items()}
-        save_file(head, os.path.join(directory, VALUE_HEAD_FILE), metadata={"format": "pt"})
-    _write_info(directory, {**(info or {}), "dtype": dtype, "critic": value_head is not None})
-
-
-def _torch_dtype(dtype: str):
-    from asyncflow.models import torch_dtype
-
-    return torch_dtype(dtype)
-
-
-def _cast(t, torch_dtype):
-    t = t.detach().to("cpu")
-    if t.is_floating_point():
-        t = t.to(torch_dtype)
-    return t.contiguous().clone()
-
-
-def _set_config_dtype(directory: str, dtype: str) -> None:
-    path = os.path.join(directory, "config.json")
-    with open(path) as f:
-        cfg = json.load(f)
-    cfg["dtype"] = dtype
-    if "torch_dtype" in cfg:
-        cfg["torch_dtype"] = dtype
-    with open(path, "w") as f:
-        json.dump(cfg, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
-def _write_info(directory: str, info: dict) -> None:
-    with open(os.path.join(directory, INFO), "w") as f:
-        json.dump({**info, "time": time.time()}, f, indent=1, sort_keys=True)
-        f.write("\n")
 
 
 # ------------------------------------------------------------------ atomic placement
