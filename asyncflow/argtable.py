@@ -237,6 +237,11 @@ ENGINE_RUNS = {"vllm": ("rollout",), "deepspeed": ("train", "logprob", "value")}
 ENGINE_ARGS: dict[str, tuple[Arg, ...]] = {
     "hf": HF_ARGS, "vllm": VLLM_ARGS, "deepspeed": DEEPSPEED_ARGS, "sim": SIM_ARGS}
 
+# engines that stand in for others: the sim engine replaces a real one to time a pipeline written
+# for it (`--set tasks.generate.engine=sim`), so it takes that engine's args for the same kind as
+# well as its own, and models none of them (its own args set its timing)
+STANDS_IN: dict[str, tuple[str, ...]] = {"sim": ("hf", "vllm", "deepspeed")}
+
 # -- losses (asyncflow.algos.config.LossConfig) -----------------------------------------------------
 _REGULARISERS = (
     Arg("kl_coef", "num", 0.0, "+ kl_coef * KL(pi || ref) per token (needs ref_logprobs)", min=0),
@@ -336,6 +341,10 @@ def owners(kind: str, engine: str | None = None, loss: str | None = None,
         table = engine_args if engine_args is not None else ENGINE_ARGS.get(engine, ())
         out.append((f"the {engine} engine's {kind} args",
                     {a.name: a for a in table if a.applies(kind)}))
+        stood = [e for e in STANDS_IN.get(engine, ()) if kind in ENGINE_RUNS.get(e, (kind,))]
+        if stood:
+            out.append((f"the {kind} args of the engines it stands in for ({', '.join(stood)})",
+                        {a.name: a for e in stood for a in ENGINE_ARGS[e] if a.applies(kind)}))
     if kind == "train" and loss in LOSS_ARGS:
         out.append((f"the {loss} loss's", {a.name: a for a in LOSS_ARGS[loss]}))
     if kind == "advantage" and estimator in ESTIMATOR_ARGS:

@@ -373,6 +373,11 @@ def args_section() -> list[str]:
         where = f" (runs {', '.join(runs)} tasks)" if runs else ""
         out += ["", f"### Engine `{engine}`{where}", ""]
         out += _args_table(args, "kinds", {a.name: _kinds_of(a) for a in args})
+        stood = argtable.STANDS_IN.get(engine)
+        if stood:
+            out += ["", f"It stands in for {_code(list(stood))} (`--set tasks.NAME.engine={engine}` "
+                        "times a pipeline written for them), so it also takes their args for the "
+                        "same kind, and models none of them."]
     for title, table, what in (("Loss args", argtable.LOSS_ARGS, "losses"),
                                ("Estimator args", argtable.ESTIMATOR_ARGS, "estimators")):
         seen: dict[str, object] = {}
