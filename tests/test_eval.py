@@ -125,7 +125,13 @@ def _check_run(r, run_dir: Path, steps: int, versions: list[int], sps: int = 8) 
     assert len(r.metrics) == steps  # one row per train step: eval rows are lines of their own
     evals = _eval_lines(run_dir)
     assert evals == r.evals
-    assert [e["eval/target"] for e in evals] == versions
+    targets = [e["eval/target"] for e in evals]
+    # every listed version is answered: by its own row, or -- when a weight sync skipped it (a
+    # loaded machine) -- by the row of the first later version adopted (evaluate rule 2)
+    assert targets == sorted(set(targets)) and set(targets) <= set(versions)
+    assert targets[0] == versions[0] and targets[-1] == versions[-1]
+    for v in set(versions) - set(targets):
+        assert any(e["eval/target"] > v and e["eval/version"] >= e["eval/target"] for e in evals)
     for e in evals:  # each ran on the version it asked for or a later one (evaluate rule 2)
         assert e["eval/version"] >= e["eval/target"] and e["step"] == e["eval/version"]
         assert e["eval/n"] == len(HELD) and 0.0 <= e["eval/reward"] <= 1.0
@@ -171,7 +177,11 @@ def test_hf_run_local_greedy_eval(tmp_path):
                 rargs="{max_new_tokens: 3}", targs="{lr: 1.0e-3}")
     r = Driver(compile_file(src), "local", out_dir=str(tmp_path / "run")).run()
     evals = _eval_lines(tmp_path / "run")
-    assert [e["eval/target"] for e in evals] == [0, 1, 2] and evals[-1]["eval/version"] == 2
+    # every version is listed; a weight sync that skips version 1 (the rollout adopts 2 at once:
+    # a loaded machine) answers it with the evaluation of version 2 (evaluate.py, rule 2)
+    targets = [e["eval/target"] for e in evals]
+    assert targets in ([0, 1, 2], [0, 2]) and evals[-1]["eval/version"] == 2
+    assert all(e["eval/version"] >= e["eval/target"] for e in evals)
     assert all(e["eval/n"] == 3 and isinstance(e["eval/reward"], float) for e in evals)
     assert len(r.metrics) == 2
 
