@@ -273,7 +273,11 @@ def from_directory(path: str, dtype: str | None = None) -> Loaded:
     with LOAD_LOCK:
         import torch  # noqa: F401  (imported under the lock: transformers imports it)
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        # a worker's log is not a terminal: transformers' "Loading weights" bar would be one
+        # line per load in every run's output (the run's own progress bar says what happens)
+        hf_logging.disable_progress_bar()
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
                                                      dtype=torch_dtype(dtype))
         model.eval()
