@@ -362,3 +362,28 @@ def test_a_bfloat16_model_is_exported_in_bfloat16(tmp_path):
     for name, t in w.items():
         assert torch.equal(t, box[0][name].to(torch.bfloat16)), name
     assert AutoModelForCausalLM.from_pretrained(final).dtype == torch.bfloat16
+
+
+@pytest.mark.engine
+def test_a_run_that_fails_later_leaves_its_checkpointed_model_in_final(tmp_path):
+    """final/ is refreshed at each checkpoint: a run whose reward function fails at step 3 still
+    leaves the model of its last checkpoint there, loadable, with that version."""
+    from asyncflow.compiler.pipeline import compile_file
+    from asyncflow.errors import AsyncflowError
+    from asyncflow.runtime.driver import Driver
+
+    out = str(tmp_path / "run")
+    plan = compile_file(PIPELINE, sets=SETS + ["sync.0.max_staleness=0"])
+    with pytest.raises(AsyncflowError):
+        Driver(plan, "local", out_dir=out, steps=5, checkpoint_every=1,
+               inject=["raise@step3:score"]).run()
+    final = export.finals(out)["policy"]
+    info = json.load(open(os.path.join(final, export.INFO)))
+    done = sorted(int(n.split("_")[1]) for n in os.listdir(checkpoint.root(out))
+                  if n.startswith("step_"))
+    assert done and info["version"] >= done[-1] and info["version"] < 5, (done, info["version"])
+    ck = _weights(checkpoint.engine_dir(os.path.join(checkpoint.root(out), f"step_{info['version']}"),
+                                        "update/0")) if info["version"] in done else None
+    got = _weights(final)
+    if ck is not None:  # the export holds that checkpoint's weights
+        assert set(got) <= set(ck) and all((got[k] == ck[k]).all() for k in got)

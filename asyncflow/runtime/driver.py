@@ -433,7 +433,7 @@ class Driver:
                     watch["t"] = time.time()
                 for task, rep in c["reports"]:
                     pending_reports.setdefault(rep["step"], {})[task] = rep
-                    if rep.get("export"):  # the last step's model, in RUN_DIR/final
+                    if rep.get("export"):  # the newest trained model, in RUN_DIR/final
                         self.exports[rep["export"]["model"]] = rep["export"]
                     done[task] = max(done.get(task, 0), rep["step"] + 1)
                 # a step's metrics line once every trainer has reported it

@@ -3,6 +3,7 @@
 Layout::
 
     RUN_DIR/final/<model>/               written at the end of every run (the last train step)
+                                         and refreshed at each checkpoint
         config.json                      its ``dtype`` is the model's ``dtype:`` (float32 default)
         generation_config.json           where the model has one
         model.safetensors                the weights in that dtype (tied weights stored once)
@@ -17,14 +18,15 @@ Layout::
 ``final/<model>`` is written by the train worker that holds the weights (replica 0 of the task
 that trains the model; with DeepSpeed ZeRO 1/2 every rank holds the full weights, and only rank 0
 writes) right after its last step's PUBLISH, so it holds exactly the weights of the last published
-version. It is written into ``final/.tmp-<model>``, every file fsynced, then renamed into place
+version; also at each checkpoint (``--checkpoint-every K``), so a run killed later leaves its
+newest trained model there (``asyncflow_export.json`` says which version). It is written into ``final/.tmp-<model>``, every file fsynced, then renamed into place
 (a previous ``final/<model>`` is moved aside first and deleted after): a kill leaves either the
 old or the new export, never half of one. The worker reports the path with its last step; the
 run summary prints it.
 
-Checkpoints are not exported twice: a checkpoint's ``engines/<task>_0`` already is a
-transformers-loadable directory; ``asyncflow export`` turns one into the model's dtype without
-the optimizer state (:func:`from_checkpoint`), on demand.
+Older checkpoints are not exported again: a checkpoint's ``engines/<task>_0`` already is a
+transformers-loadable directory; ``asyncflow export --step N`` turns one into the model's dtype
+without the optimizer state (:func:`from_checkpoint`), on demand.
 
 A critic (a train task with ``loss: value``) exports its base causal LM as above plus
 ``value_head.safetensors``: ``weight`` ``[1, hidden]`` and ``bias`` ``[1]`` of the linear head

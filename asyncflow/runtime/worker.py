@@ -719,8 +719,9 @@ class Worker(ServeLoop, StepReads):
         return True
 
     def _end_step(self, it: dict) -> None:
-        """A train step is done: ack its rows, checkpoint, report (after the last step, the
-        trained model is first written to ``RUN_DIR/final/<model>``: runtime/export.py)."""
+        """A train step is done: ack its rows, checkpoint, report (after the last step and at each
+        checkpoint, the trained model is first written to ``RUN_DIR/final/<model>``:
+        runtime/export.py)."""
         step, rows = it["step"], it.get("rows", [])
         ids = [lease.id for lease in it.get("leases", [])]
         for lid in ids:
@@ -739,7 +740,9 @@ class Worker(ServeLoop, StepReads):
             if checkpoint.wanted(every, step + 1, self.st.steps):  # before step + 1 starts
                 ckpt = checkpoint.save_engine(self.engine, run_dir, step + 1, self.id)
         exported = None
-        if run_dir and step + 1 == self.st.steps and self.wp.replica == 0:  # the last step
+        if run_dir and self.wp.replica == 0 and (ckpt or step + 1 == self.st.steps):
+            # the last step, and each checkpoint: RUN_DIR/final holds the newest trained model
+            # even of a run that is killed later
             from asyncflow.runtime import export
 
             exported = export.write_final(self.engine, run_dir, self.plan, self.task.name, step + 1)
