@@ -150,3 +150,27 @@ def test_run_a_checkpoint_directory_with_chat_data_from_another_directory(chat_d
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in metrics if "step" in m]) >= 2
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_chat_data_for_a_factory_model_without_a_template_stops_at_start_up(tmp_path, backend):
+    """``check`` cannot read a module:factory model's tokenizer, so the run finds it: every
+    engine encodes the data's first prompt once at start-up, and a chat for the character
+    tokenizer is AF651 located at the model's init, before any step (nothing in metrics.jsonl)."""
+    (tmp_path / "data").mkdir()
+    rows = [{"messages": [{"role": "user", "content": f"What is {a}+{a}?"}], "gold": str(2 * a)}
+            for a in range(1, 9)]
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "pipeline.yaml").write_text(
+        PIPE.replace("{init: ckpt/tiny-chat}", "{init: asyncflow.models:tiny_decoder}"))
+    (tmp_path / "grader.py").write_text(GRADER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", "pipeline.yaml", "--backend",
+                        backend, "--out", str(tmp_path / "run")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out[-3000:]
+    assert "pipeline.yaml:3:17: AF651" in out and "Traceback" not in out, out[-3000:]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text().strip()

@@ -331,6 +331,10 @@ class Driver:
         plan = self.plan
         st = plan.step
         prompts = load_prompts(plan, self.options["search_path"])
+        # the first row's non-text values (chat messages): each engine encodes its prompt once
+        # at start-up, so a chat its tokenizer cannot render stops the run before step 0 (AF651)
+        self.options["chat_sample"] = {f: v for f, v in prompts[0].items()
+                                       if isinstance(v, (list, dict))} if prompts else {}
         from asyncflow.runtime import checkpoint as ckpt
 
         resumed = ckpt.prepare_resume(self.out_dir, st.samples_per_step) if self.resume else None

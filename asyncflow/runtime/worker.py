@@ -477,12 +477,30 @@ class Worker(ServeLoop, StepReads):
             out["cpu_affinity"] = sorted(os.sched_getaffinity(0))
         return out
 
+    def _check_prompt(self, spec) -> None:
+        """The data's first prompt, encoded once by the engine's tokenizer at start-up: chat
+        messages for a tokenizer without a chat template (AF651) or a prompt that is neither
+        text nor messages (AF652) stop the run before any step, located (``check`` finds the
+        first where the model's tokenizer files can be read; a ``module:factory`` model's only
+        here). ``chat_sample``: the driver's first data row, its non-text values."""
+        sample = self.opt.get("chat_sample") or {}
+        tok = getattr(self.engine, "tokenizer", None)
+        if not sample or tok is None:
+            return
+        from asyncflow import models
+
+        for field, role in self.task.bind_in:
+            if role == "prompt" and field in sample:
+                models.engine_prompt(spec, tok, sample[field])
+
     def _start(self) -> None:
         t = time.time()
         runner = kinds.KINDS[self.task.kind].runner
         if kinds.KINDS[self.task.kind].engine or self.task.engine:
             cls = load_engine_class(self.task.engine)
-            self.engine = cls(engine_spec(self.plan, self.task, self.wp.replica, self.paths))
+            spec = engine_spec(self.plan, self.task, self.wp.replica, self.paths)
+            self.engine = cls(spec)
+            self._check_prompt(spec)
             if self.loop == "train" and self.opt.get("resume_dir"):  # --resume
                 from asyncflow.runtime import checkpoint
 
