@@ -65,6 +65,17 @@ def test_plan_lists_versions_and_holds_the_source_out(tmp_path):
     assert plain.eval.versions == [0, 5]  # no every: the initial and the final weights
 
 
+def test_compile_prints_the_evaluation(tmp_path, capsys):
+    from asyncflow.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["compile", str(write(tmp_path))])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert "evaluation (eval:)" in out and "0, 2, 4, 5" in out and "generate/0" in out
+    assert "eval/reward = mean of asyncflow.rewards:digits_match(prompt, answer, response)" in out
+
+
 def test_no_eval_plan_reads_as_before(tmp_path):
     text = write(tmp_path).read_text().replace("eval: {data: test, every: 2}\n", "")
     text = text.replace("  test: {source: held.jsonl, fields: [prompt, answer]}\n", "")

@@ -58,6 +58,30 @@ def models_table(plan):
     return t
 
 
+def eval_table(plan):
+    """The plan's ``eval:`` as resolved (:class:`asyncflow.plan.EvalPlan`), or None."""
+    from rich.table import Table
+
+    ev = plan.eval
+    if ev is None:
+        return None
+    t = Table(title="evaluation (eval:)", title_justify="left", show_header=False)
+    t.add_column("key")
+    t.add_column("value", overflow="fold")
+    vs = ev.versions
+    shown = ", ".join(map(str, vs)) if len(vs) <= 12 else \
+        f"{', '.join(map(str, vs[:6]))}, ..., {', '.join(map(str, vs[-2:]))} ({len(vs)} in all)"
+    whose = f" (the function of task {ev.metric_task})" if ev.metric_task else ""
+    sampling = "greedy" if ev.greedy else f"temperature {ev.temperature:g}"
+    rows = [("held-out data", ev.data + (f" (first {ev.max_prompts} rows)" if ev.max_prompts else "")),
+            ("versions", shown), ("runs on", f"{ev.worker} (rollout {ev.rollout}), between requests"),
+            ("metric", f"eval/{ev.name} = mean of {ev.fn}({', '.join(ev.inputs)}){whose}"),
+            ("sampling", f"{sampling}, {ev.samples_per_prompt} per prompt")]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
 def plan_tables(plan):
     """The plan as rich tables (the compile command prints them; viz HTML reuses the data)."""
     from rich.table import Table
@@ -128,6 +152,8 @@ def plan_tables(plan):
                 batch.add_row(f"micro-batches per step ({t.name}: {mb})",
                               str(st.samples_per_step // mb))
     out = [models_table(plan), tasks, binds, sched, pools, procs, chans, sync, batch]
+    if plan.eval is not None:
+        out.append(eval_table(plan))
     e = plan.estimate
     if e is not None:
         how = "simulated" if e.notes and e.notes[0].startswith("simulated") else "closed form"
