@@ -152,11 +152,17 @@ def diags_of(path: Path, sets=()) -> list:
     return diags.items
 
 
-def test_unknown_trainer_arg_is_located_at_its_key_with_a_suggestion(tmp_path):
-    text = GRPO.replace("args: {lr: 1.0e-3,", "args: {lrate: 1.0e-3,")
+def edited(tmp_path: Path, old: str, new: str) -> tuple[str, Path]:
+    """The GRPO pipeline with ``old`` replaced by ``new``, written to ``tmp_path/p.yaml``."""
+    text = GRPO.replace(old, new)
     assert text != GRPO
     path = tmp_path / "p.yaml"
     path.write_text(text)
+    return text, path
+
+
+def test_unknown_trainer_arg_is_located_at_its_key_with_a_suggestion(tmp_path):
+    text, path = edited(tmp_path, "args: {lr: 1.0e-3,", "args: {lrate: 1.0e-3,")
     [d] = diags_of(path)
     assert d.code == "AF210" and (d.loc.line, d.loc.col) == position(text, "lrate")
     assert d.loc.end_col - d.loc.col == len("lrate")
@@ -166,10 +172,7 @@ def test_unknown_trainer_arg_is_located_at_its_key_with_a_suggestion(tmp_path):
 
 
 def test_unknown_rollout_arg(tmp_path):
-    text = GRPO.replace("max_new_tokens: 8", "max_tokens: 8")
-    assert text != GRPO
-    path = tmp_path / "p.yaml"
-    path.write_text(text)
+    text, path = edited(tmp_path, "max_new_tokens: 8", "max_tokens: 8")
     [d] = diags_of(path)
     assert (d.code, d.hint) == ("AF210", "did you mean 'max_new_tokens'?")
     assert (d.loc.line, d.loc.col) == position(text, "max_tokens")
@@ -182,10 +185,7 @@ def test_a_trainer_arg_on_a_rollout_is_unknown_there(tmp_path):
 
 
 def test_a_string_lr_is_a_wrong_type_at_its_key(tmp_path):
-    text = GRPO.replace("lr: 1.0e-3", "lr: '1.0e-3'")
-    assert text != GRPO
-    path = tmp_path / "p.yaml"
-    path.write_text(text)
+    text, path = edited(tmp_path, "lr: 1.0e-3", "lr: '1.0e-3'")
     [d] = diags_of(path)
     assert d.code == "AF211" and (d.loc.line, d.loc.col) == position(text, "lr: '")
     assert "must be a number > 0, not '1.0e-3'" in d.message
