@@ -358,8 +358,14 @@ def declared(kind: str, engine: str | None = None, loss: str | None = None,
              engine_args: tuple[Arg, ...] | None = None) -> dict[str, Arg]:
     """Every arg a task of ``kind`` on ``engine`` with ``loss`` / ``estimator`` may take (besides
     its function's); where two owners declare one name, the first one's entry."""
+    return merged(owners(kind, engine, loss, estimator, engine_args))
+
+
+def merged(table: list[tuple[str, dict[str, Arg]]]) -> dict[str, Arg]:
+    """The args of an :func:`owners` table in one map; where two owners declare one name, the
+    first one's entry."""
     out: dict[str, Arg] = {}
-    for _, args in owners(kind, engine, loss, estimator, engine_args):
+    for _, args in table:
         for name, a in args.items():
             out.setdefault(name, a)
     return out

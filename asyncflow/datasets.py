@@ -35,11 +35,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from asyncflow import modelsrc
+
 # the file suffixes a source may end in, and the data files a load_dataset-able directory holds
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 DIR_DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow", ".txt", ".tsv")
-# a hub data set id: org/name, optionally @revision (a directory of that name wins over the hub)
-HUB_DATA_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[\w./-]+))?$")
+# a hub data set id: org/name, optionally @revision (a directory of that name wins over the hub);
+# written as a model's hub id is
+HUB_DATA_ID = modelsrc.HUB_ID
 
 DIGITS_TASKS = ("add", "copy", "reverse")
 
@@ -196,23 +199,18 @@ def has_data_files(path: str | os.PathLike, depth: int = 3, budget: int = 2000) 
 
 
 def offline() -> bool:
-    """Whether the Hugging Face libraries are told not to reach the network."""
-    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")
-               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def _hf_home() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "huggingface"
-    return Path(os.environ.get("HF_HOME", default)).expanduser()
+    """Whether the Hugging Face libraries are told not to reach the network (for data sets,
+    ``HF_DATASETS_OFFLINE`` too): :func:`asyncflow.modelsrc.offline`."""
+    return modelsrc.offline("HF_DATASETS_OFFLINE")
 
 
 def hub_caches() -> list[Path]:
-    """Where a hub data set may be cached: huggingface_hub's cache (the repository's files) and
-    the ``datasets`` cache (prepared arrow files), as the environment sets them."""
-    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    """Where a hub data set may be cached: huggingface_hub's cache (the repository's files, as
+    for models: :func:`asyncflow.modelsrc.cache_dir`) and the ``datasets`` cache (prepared arrow
+    files), as the environment sets them."""
     ds = os.environ.get("HF_DATASETS_CACHE")
-    return [Path(hub).expanduser() if hub else _hf_home() / "hub",
-            Path(ds).expanduser() if ds else _hf_home() / "datasets"]
+    return [Path(modelsrc.cache_dir()),
+            Path(ds).expanduser() if ds else Path(modelsrc.hf_home()) / "datasets"]
 
 
 def hub_snapshot(repo: str, revision: str | None = None) -> Path | None:

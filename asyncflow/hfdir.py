@@ -45,9 +45,17 @@ def write_hf(directory: str, model, tokenizer, dtype: str = "float32", value_hea
     save_file(weights, os.path.join(directory, WEIGHTS), metadata={"format": "pt"})
     tokenizer.save(directory)
     if value_head is not None:
-        head = {k: _cast(v, torch_dtype) for k, v in value_head.state_dict().items()}
-        save_file(head, os.path.join(directory, VALUE_HEAD_FILE), metadata={"format": "pt"})
+        write_value_head(directory, value_head, torch_dtype)
     _write_info(directory, {**(info or {}), "dtype": dtype, "critic": value_head is not None})
+
+
+def write_value_head(directory: str, value_head, torch_dtype=None) -> None:
+    """A critic's linear value head as ``value_head.safetensors`` (``weight [1, hidden]``,
+    ``bias [1]``), cast to ``torch_dtype`` (None: as it is)."""
+    from safetensors.torch import save_file
+
+    head = {k: _cast(v, torch_dtype) for k, v in value_head.state_dict().items()}
+    save_file(head, os.path.join(directory, VALUE_HEAD_FILE), metadata={"format": "pt"})
 
 
 def _torch_dtype(dtype: str):
@@ -58,7 +66,7 @@ def _torch_dtype(dtype: str):
 
 def _cast(t, torch_dtype):
     t = t.detach().to("cpu")
-    if t.is_floating_point():
+    if torch_dtype is not None and t.is_floating_point():
         t = t.to(torch_dtype)
     return t.contiguous().clone()
 

@@ -47,7 +47,6 @@ TOKENIZER_FILE = "asyncflow_tokenizer.json"
 
 #: one model or tokenizer load at a time per process, whatever the path (factory, directory, hub)
 LOAD_LOCK = threading.RLock()
-_BUILD_LOCK = LOAD_LOCK  # the name tiny_decoder's lock had
 
 
 class Loaded(NamedTuple):

@@ -75,18 +75,24 @@ class SourceError(Exception):
         super().__init__(f"{code} {fields}")
 
 
-def offline() -> bool:
-    """``HF_HUB_OFFLINE`` as set now (huggingface_hub reads it once, at its import)."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE
+def offline(*also: str) -> bool:
+    """``HF_HUB_OFFLINE`` as set now (huggingface_hub reads it once, at its import), or any of
+    the variables ``also`` names (``HF_DATASETS_OFFLINE`` for data sets)."""
+    return any(os.environ.get(k, "").strip().lower() in TRUE for k in ("HF_HUB_OFFLINE", *also))
+
+
+def hf_home() -> str:
+    """``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface`` (default ``~/.cache/huggingface``)."""
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return os.path.expanduser(home)
 
 
 def cache_dir() -> str:
-    """The Hugging Face hub cache as the environment says now."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
-    return os.path.join(home, "hub")
+    """The Hugging Face hub cache as the environment says now (models and data sets alike):
+    ``HF_HUB_CACHE`` (or its old name ``HUGGINGFACE_HUB_CACHE``), else ``hf_home()/hub``."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    return os.path.expanduser(hub) if hub else os.path.join(hf_home(), "hub")
 
 
 def split_hub_id(value: str) -> tuple[str, str | None] | None:
@@ -196,4 +202,4 @@ def has_chat_template(directory: str) -> bool | None:
 
 
 __all__ = ["Source", "SourceError", "locate", "fetch", "is_chat", "has_chat_template", "DTYPES",
-           "DEFAULT_DTYPE", "KINDS", "cached_snapshot", "cache_dir", "offline"]
+           "DEFAULT_DTYPE", "KINDS", "HUB_ID", "cached_snapshot", "cache_dir", "hf_home", "offline"]

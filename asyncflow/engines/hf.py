@@ -431,13 +431,9 @@ class HFEngine:
         """A critic's value head beside the model, as the export writes it (the checkpoint's
         directory then exports like a final one: asyncflow.runtime.export)."""
         if self.value_head is not None:
-            from safetensors.torch import save_file
+            from asyncflow.hfdir import write_value_head
 
-            from asyncflow.hfdir import VALUE_HEAD_FILE
-
-            save_file({k: v.detach().to("cpu").contiguous()
-                       for k, v in self.value_head.state_dict().items()},
-                      os.path.join(directory, VALUE_HEAD_FILE), metadata={"format": "pt"})
+            write_value_head(directory, self.value_head)
 
     def export(self, directory: str, dtype: str = "float32") -> None:
         """The trained model as a Hugging Face directory in ``dtype`` (weights, config,

@@ -118,12 +118,12 @@ def close(run_dir: str, version: int, *, steps: int, fed: int, prompts_per_step:
              "first_row": int(first_row), "fed_steps": int(fed),
              "time": time.time()}
     _write_json(os.path.join(tmp, STATE_FILE), state)
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     final = os.path.join(root(run_dir), f"step_{int(version)}")
     if os.path.exists(final):  # a resumed run passing the same step again
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_path(root(run_dir))
+    fsync_path(root(run_dir))
     return final
 
 
@@ -290,15 +290,15 @@ def _read_jsonl(path: str) -> list[dict]:
     return out
 
 
-def _fsync_tree(path: str) -> None:
+def fsync_tree(path: str) -> None:
     """fsync every file below ``path``, then every directory (before the rename publishes it)."""
     for dirpath, _, files in os.walk(path, topdown=False):
         for name in files:
-            _fsync_path(os.path.join(dirpath, name))
-        _fsync_path(dirpath)
+            fsync_path(os.path.join(dirpath, name))
+        fsync_path(dirpath)
 
 
-def _fsync_path(path: str) -> None:
+def fsync_path(path: str) -> None:
     """fsync a file or a directory (best effort: some file systems refuse directories)."""
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -22,8 +22,8 @@ With ``checkpoint_every`` K, every K train steps go to ``RUN_DIR/checkpoints/ste
 ``resume=True`` continues ``RUN_DIR`` from its newest complete one
 (:mod:`asyncflow.runtime.checkpoint`; rows of later steps are regenerated); with
 ``keep_checkpoints`` K only the newest K complete ones stay. Every train step's rows go to
-``RUN_DIR/train_rows.jsonl``. After its last step each trainer writes its model to
-``RUN_DIR/final/<model>`` (:mod:`asyncflow.runtime.export`) and reports it
+``RUN_DIR/train_rows.jsonl``. After its last step, and at each checkpoint, each trainer writes
+its model to ``RUN_DIR/final/<model>`` (:mod:`asyncflow.runtime.export`) and reports it
 (:attr:`RunResult.exports`).
 
 A KeyboardInterrupt stops the workers the same way, writes the partial trace and metrics, and
@@ -349,7 +349,6 @@ class Driver:
             self.options.update(checkpoint_every=self.checkpoint_every)
         if self.out_dir:  # checkpoints, final exports; absolute: Ray workers need not share our cwd
             self.options.update(run_dir=os.path.abspath(self.out_dir))
-        if self.out_dir:
             os.makedirs(self.out_dir, exist_ok=True)
             with open(os.path.join(self.out_dir, "plan.json"), "w") as f:
                 f.write(plan.to_json())

@@ -92,9 +92,9 @@ def finals(run_dir: str) -> dict[str, str]:
 def place(tmp: str, final: str) -> str:
     """fsync every file of ``tmp``, then make it ``final`` by renames (an existing ``final`` is
     moved aside first and deleted after): ``final`` is at every moment absent, old or new."""
-    from asyncflow.runtime.checkpoint import _fsync_path, _fsync_tree
+    from asyncflow.runtime.checkpoint import fsync_path, fsync_tree
 
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     parent = os.path.dirname(final)
     old = None
     if os.path.exists(final):
@@ -103,7 +103,7 @@ def place(tmp: str, final: str) -> str:
             shutil.rmtree(old)
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_path(parent)
+    fsync_path(parent)
     if old:
         shutil.rmtree(old, ignore_errors=True)
     return final

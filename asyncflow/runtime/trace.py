@@ -183,26 +183,24 @@ class MetricsLog:
             yield self.loggers
 
     def append(self, row: dict) -> None:
+        """A train step's row: kept in :attr:`rows` (one per step) and written."""
         row = _clean(row)
         self.rows.append(row)
+        self._write(row)
+
+    def append_eval(self, row: dict) -> None:
+        """An evaluation's row (``eval/...`` keys; ``step``: the version it ran on,
+        runtime/evaluate.py): a line of its own in metrics.jsonl and in every logger, not one
+        of :attr:`rows`."""
+        self._write(_clean(row))
+
+    def _write(self, row: dict) -> None:
         if self._f:
             self._f.write(json.dumps(row) + "\n")
             self._f.flush()
         if isinstance(row.get("step"), int):
             for lg in self._each():
                 lg.log(row["step"], row)
-
-    def append_eval(self, row: dict) -> None:
-        """An evaluation's row (``eval/...`` keys; ``step``: the version it ran on,
-        runtime/evaluate.py): a line of its own in metrics.jsonl and in every logger, kept in
-        :attr:`evals`, not :attr:`rows` (one per train step)."""
-        row = _clean(row)
-        self.__dict__.setdefault("evals", []).append(row)
-        if self._f:
-            self._f.write(json.dumps(row) + "\n")
-            self._f.flush()
-        for lg in self._each():
-            lg.log(row["step"], row)
 
     def text(self, step: int, samples: list[dict]) -> None:
         """A step's sample rows (TensorBoard's text tab, every logger's samples)."""

@@ -25,12 +25,14 @@ from typing import Any
 
 import networkx as nx
 
+from asyncflow.argtable import (ENGINE_ARGS, ENGINE_RUNS, Arg, declared_args, merged, owners,
+                                suggest)
+from asyncflow.datasets import DATA_SUFFIXES  # the data files a source may be
 from asyncflow.diagnostics import Diagnostics, did_you_mean
 from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
 from asyncflow.ir import Graph
-from asyncflow.argtable import ENGINE_ARGS, ENGINE_RUNS, Arg, declared_args, owners, suggest
 from asyncflow.kinds import ESTIMATORS, KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
 from asyncflow.modelsrc import is_chat
 from asyncflow.refs import (find_file, find_module, function_params, search_path,
@@ -39,7 +41,6 @@ from asyncflow.refs import (find_file, find_module, function_params, search_path
 # the keys each kind needs and takes, and which kinds must write something: the kinds table
 KEYS = {k: (v.needs, v.takes) for k, v in KINDS.items()}
 NEEDS_OUTPUTS = tuple(k for k, v in KINDS.items() if v.needs_outputs)
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # task args that may be a number or a distribution ({dist: ..., seed: ...}): the sim engine's
 # latency and lengths, and a rollout's per-row length cap (long-tailed response lengths)
 DIST_ARGS = tuple(dict.fromkeys(a.name for t in ENGINE_ARGS.values() for a in t
@@ -549,10 +550,7 @@ def _args(p: ast.Pipeline, t: ast.TaskDef, d: Diagnostics, plugins: dict) -> set
             t.kind == "advantage" and t.estimator not in ESTIMATORS):
         checked = False  # AF331 / AF330 / AF325 already
     table = owners(t.kind, engine, t.loss, t.estimator, engine_args)
-    known: dict[str, Arg] = {}
-    for _, args in table:
-        for name, a in args.items():
-            known.setdefault(name, a)
+    known = merged(table)
     fn_key = "fn" if t.kind in FN_KINDS else ("env" if t.kind == "rollout" and t.env else None)
     ref = getattr(t, fn_key) if fn_key else None
     params = function_params(ref, _bases(p)) if ref else None
