@@ -4,7 +4,6 @@ import json
 import pytest
 
 pytest.importorskip("tensorboard")
-pytest.importorskip("torch")
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
@@ -31,3 +30,23 @@ def test_no_event_files_when_disabled(tmp_path):
     log.append({"step": 0, "reward_mean": 1.0})
     log.close()
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_tensorboard_does_not_import_torch(tmp_path):
+    # The local backend runs every worker as a thread of the driver's process: torch's import
+    # there (torch.utils.tensorboard) held the GIL ~0.5 s after the first step and froze all of
+    # them at once, so a 0.3 s lease renewed every 0.1 s expired
+    # (faults/test_liveness.py::test_slow_reward_with_short_lease_finishes[local]).
+    import subprocess
+    import sys
+
+    code = ("import sys; from asyncflow.runtime.trace import MetricsLog\n"
+            f"log = MetricsLog({str(tmp_path / 'metrics.jsonl')!r})\n"
+            "log.append({'step': 0, 'reward_mean': 1.0}); log.text(0, [{'prompt': 'p', 'completion': 'c'}])\n"
+            "log.close(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", out.stdout
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert "reward_mean" in acc.Tags()["scalars"] and "samples/text_summary" in acc.Tags()["tensors"]

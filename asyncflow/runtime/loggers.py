@@ -114,10 +114,13 @@ def sample_markdown(samples: list[dict]) -> str:
 
 # -- TensorBoard ------------------------------------------------------------------------------
 class TensorBoard:
-    """TensorBoard event files in ``directory``. The SummaryWriter is made in a thread of its
-    own, started by the first call: importing it imports torch (about 2 s of CPU here), which
-    must not sit on the run's start-up. What comes before it is ready is written once it is (at
-    the latest on :meth:`finish`). Without tensorboard (or torch) installed it writes nothing."""
+    """TensorBoard event files in ``directory``, written with the ``tensorboard`` package's own
+    event writer and protos (:class:`_EventWriter`), not torch's ``SummaryWriter``: importing
+    torch in the run's process holds the GIL for about half a second, which, on the local
+    backend, froze every worker thread at once (a lease renewed every 0.1 s expired under it).
+    The writer is made in a thread of its own, started by the first call, so its import (0.2 s)
+    does not sit on the run's start-up; what comes before it is ready is written once it is (at
+    the latest on :meth:`finish`). Without tensorboard installed it writes nothing."""
 
     name = "tensorboard"
 
@@ -184,14 +187,49 @@ class TensorBoard:
 
 
 def _tensorboard_writer(directory: str):
-    """A SummaryWriter, or None where tensorboard is not installed (it is optional)."""
-    if importlib.util.find_spec("tensorboard") is None or importlib.util.find_spec("torch") is None:
+    """An :class:`_EventWriter`, or None where tensorboard is not installed (it is optional)."""
+    if importlib.util.find_spec("tensorboard") is None:
         return None
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # a broken optional install must not stop a run
+        return _EventWriter(directory)
+    except ImportError as e:  # a broken optional install must not stop a run: say so, once
+        print(f"asyncflow: TensorBoard is off, its package does not import ({e})", file=sys.stderr)
         return None
-    return SummaryWriter(directory)
+
+
+class _EventWriter:
+    """The three calls of torch's ``SummaryWriter`` the logger uses (``add_scalar``,
+    ``add_text``, ``flush``/``close``), on tensorboard's ``EventFileWriter``: the same event
+    files (a scalar is a ``simple_value``; a text is a string tensor under ``<tag>/text_summary``
+    with the text plugin's metadata, as TensorBoard's text tab reads it), without torch."""
+
+    def __init__(self, directory: str):
+        from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._pb, self._tensor, self._shape, self._event = summary_pb2, tensor_pb2, tensor_shape_pb2, Event
+        self._w = EventFileWriter(directory)
+
+    def _add(self, value, step: int) -> None:
+        self._w.add_event(self._event(wall_time=time.time(), step=int(step),
+                                      summary=self._pb.Summary(value=[value])))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._add(self._pb.Summary.Value(tag=tag, simple_value=float(value)), step)
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        meta = self._pb.SummaryMetadata(plugin_data=self._pb.SummaryMetadata.PluginData(plugin_name="text"))
+        shape = self._shape.TensorShapeProto(dim=[self._shape.TensorShapeProto.Dim(size=1)])
+        tensor = self._tensor.TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")],
+                                          tensor_shape=shape)
+        self._add(self._pb.Summary.Value(tag=f"{tag}/text_summary", metadata=meta, tensor=tensor), step)
+
+    def flush(self) -> None:
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
 
 
 # -- Weights & Biases -------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def _clean(x):
 
 class MetricsLog:
     """RUN_DIR/metrics.jsonl: appended and flushed one line per step; every row also goes to
-    TensorBoard (RUN_DIR/tensorboard/, when ``tensorboard`` and torch are installed:
+    TensorBoard (RUN_DIR/tensorboard/, when ``tensorboard`` is installed:
     :class:`asyncflow.runtime.loggers.TensorBoard`, whose writer is made off the start-up path)
     and to ``loggers`` (:class:`asyncflow.runtime.loggers.Loggers`, the ``--log`` ones: started
     and finished by their owner, not here). :meth:`text` gives a step's samples
