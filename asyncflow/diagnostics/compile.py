@@ -5,8 +5,8 @@ enforces (pool capacity); placement reports it itself so that it never crashes o
 placement, but with validate in front its example is caught there first -- the compiler tests
 check it against the placement pass alone.
 """
-from asyncflow.diagnostics import Code
-from asyncflow.diagnostics.examples import mutate
+from asyncflow.diagnostics import Code, Example
+from asyncflow.diagnostics.examples import BASE, mutate
 
 CODES = [
     # placement, rule 2
@@ -46,4 +46,14 @@ CODES = [
          "max_staleness {alpha} is not below steps ({steps}): the trainer never holds the "
          "producer back", (mutate("max_staleness: 1", "max_staleness: 5", at="5}"),),
          severity="warning"),
+    # placement, rule 7
+    Code("AF407", "gpus-split-across-processes",
+         "task '{task}' runs on {n} GPUs of pool '{pool}' that it time-shares with another "
+         "process ({other}): Ray gives a process part of one GPU or whole GPUs, never part of "
+         "several; give '{task}' a pool of its own, or every task on the pool the same "
+         "devices_per_replica (with share_process: true)",
+         (Example(BASE.replace("  train: {devices: 1}", "  train: {devices: 2}").replace(
+             "    pool: train\n    loss: grpo",
+             "    pool: train\n    devices_per_replica: 2\n    loss: grpo"),
+             "2\n    loss: grpo", sets=("tasks.update.engine=deepspeed",)),)),
 ]

@@ -49,7 +49,8 @@ class HFEngine:
         args = dict(spec.args)
         self.args = args
         torch.set_num_threads(int(args.get("threads") or spec.extra.get("threads") or 2))
-        self.device = torch.device(args.get("device", "cpu"))
+        # the task's device arg, else the worker's (asyncflow.runtime.devices: Ray's GPU or CPU)
+        self.device = torch.device(args.get("device") or spec.extra.get("device") or "cpu")
         self.temperature = float(args.get("temperature", spec.extra.get("temperature", 1.0)))
         self.top_p = float(args.get("top_p", 1.0))
         # a number or a distribution: per-row length caps (hf_serve.length_cap)

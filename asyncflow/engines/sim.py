@@ -167,6 +167,8 @@ def _n_rows(batch: Columns) -> int:
 class SimEngine:
     """Rollout, Scorer and Trainer that sleep for a modelled device time (module docstring)."""
 
+    uses_device = False  # no torch device (asyncflow.runtime.devices): it only sleeps
+
     def __init__(self, spec: EngineSpec):
         self.spec = spec
         args = dict(spec.args or {})

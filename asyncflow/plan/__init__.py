@@ -170,6 +170,8 @@ class WorkerPlan:
     # the process it runs in (placement rule 6): workers that time-share a device share one;
     # "" (a plan written before processes): a process of its own
     process: str = ""
+    # its devices counted over the pools in order (placement rule 7): cuda:N without Ray
+    devices: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -374,6 +374,48 @@ def cpu_cores(plan, ncpu: int) -> dict[str, list[int]]:
     return out
 
 
+def device_groups(plan, pool) -> list[list[int]]:
+    """A pool's devices (bundle indices) grouped by the processes that hold them (placement
+    rules 6-7): devices a process holds together are one group, and groups that share a
+    process's device merge. Each group is one Ray bundle, since Ray gives an actor resources of
+    one bundle only: a replica over two devices needs a bundle of two."""
+    parent = list(range(len(pool.bundles)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for w in plan.workers:
+        if w.pool == pool.name and w.bundles:
+            for b in w.bundles[1:]:
+                parent[find(b)] = find(w.bundles[0])
+    groups: dict[int, list[int]] = {}
+    for i in range(len(pool.bundles)):
+        groups.setdefault(find(i), []).append(i)
+    return sorted(groups.values())
+
+
+def process_resources(workers, bundle: dict, scale: float = 1.0) -> dict:
+    """What one process of the plan asks Ray for: the sum of its workers' shares (placement
+    rule 3: each worker's share of each of its devices) of the Ray bundle it sits in. GPUs:
+    a fraction of one device, or whole devices (rule 7; Ray takes no fraction above 1); CPUs
+    scaled as the bundles were (:meth:`RayBackend._placement_groups`), never above the bundle."""
+    n = len(workers[0].bundles) or 1
+    out: dict = {}
+    for key, ray_key in (("GPU", "num_gpus"), ("CPU", "num_cpus")):
+        share = sum(float(w.resources.get(key, 0) or 0) for w in workers) * n
+        if share <= 0 or key not in bundle:
+            continue
+        if key == "GPU":
+            share = float(round(share)) if share > 1 or n > 1 else min(1.0, share)
+        else:
+            share = share * scale
+        out[ray_key] = min(float(bundle[key]), math.floor(share * 10_000) / 10_000)
+    return out
+
+
 def pin(cores: list[int]) -> list[int]:
     """Pin this process (its threads to come: torch's intra-op pool) to ``cores``; the cores
     this machine does not have are ignored. Returns the cores now in effect."""
@@ -469,6 +511,9 @@ class RayBackend:
         self.refs: dict[str, Any] = {}
         self.results: dict[str, dict] = {}
         self.pgs: dict[str, Any] = {}
+        # (pool, device) -> (its Ray bundle's index, that bundle's resources): device_groups
+        self._ray_bundle: dict[tuple[str, int], tuple[int, dict]] = {}
+        self._scale = 1.0  # CPU slots scaled to fit the cluster (_placement_groups)
         self._store = None
         self._control = None
         self._make_args: dict[str, tuple] = {}
@@ -498,13 +543,21 @@ class RayBackend:
         total = self.ray.cluster_resources().get("CPU", 1.0)
         demand = sum(float(b.resources.get("CPU", 0)) for p in plan.pools for b in p.bundles)
         scale = min(1.0, 0.9 * total / demand) if demand else 1.0
+        self._scale = scale
         for pool in plan.pools:
             bundles = []
-            for b in pool.bundles:
-                res = {k: float(v) for k, v in b.resources.items() if float(v) > 0}
+            groups = device_groups(plan, pool)
+            for g, members in enumerate(groups):
+                res: dict = {}
+                for i in members:  # a Ray bundle per group of devices a process holds whole
+                    for k, v in pool.bundles[i].resources.items():
+                        if float(v) > 0:
+                            res[k] = res.get(k, 0.0) + float(v)
                 if "CPU" in res:
                     res["CPU"] = max(0.01, math.floor(res["CPU"] * scale * 100) / 100)
                 bundles.append(res or {"CPU": 0.01})
+                for i in members:
+                    self._ray_bundle[(pool.name, i)] = (g, res)
             if not bundles:
                 continue
             pg = placement_group(bundles, strategy="PACK", name="")
@@ -540,7 +593,9 @@ class RayBackend:
             opts: dict = {"num_cpus": 0, "max_concurrency": 2 * len(wps) + 2}
             pg = self.pgs.get(wps[0].pool or "")
             if pg is not None:
-                idx = wps[0].bundles[0] if wps[0].bundles else -1
+                idx, bundle = self._ray_bundle.get((wps[0].pool, wps[0].bundles[0]), (-1, {})) \
+                    if wps[0].bundles else (-1, {})
+                opts.update(process_resources(wps, bundle, self._scale))
                 opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=idx)
             self._host_args[proc] = (cls, opts, cores.get(wps[0].id))

@@ -45,6 +45,7 @@ from typing import Any
 from asyncflow import kinds
 from asyncflow.engines.base import EngineSpec, load_engine_class
 from asyncflow.plan import Op, Plan
+from asyncflow.runtime import devices
 from asyncflow.runtime.contract import TaskError, check_outputs
 from asyncflow.runtime.gate import Gate
 from asyncflow.runtime.serve_loop import ServeLoop
@@ -203,6 +204,7 @@ class Worker(ServeLoop, StepReads):
         # liveness: the leases this worker holds (renewed by the heartbeat thread while it
         # computes), the op it is in and since when, and a counter of work done (the watchdog's)
         self._held: dict[int, float | None] = {}
+        self._device: dict | None = None  # {"gpus", "device"} once its engine is built
         self._held_lock = threading.Lock()
         self._op, self._op_since, self._progress = "START", time.time(), 0
         # thread CPU seconds of this worker's loop per op kind (workers.json ``cpu_s``,
@@ -475,6 +477,10 @@ class Worker(ServeLoop, StepReads):
                 pass
         if self.opt.get("cpu_affinity") and hasattr(os, "sched_getaffinity"):
             out["cpu_affinity"] = sorted(os.sched_getaffinity(0))
+        if self._device is not None:  # placement rule 7 (asyncflow.runtime.devices)
+            out.update(self._device)
+        elif self.use_ray:
+            out["gpus"] = devices.ray_gpu_ids()
         return out
 
     def _check_prompt(self, spec) -> None:
@@ -499,6 +505,10 @@ class Worker(ServeLoop, StepReads):
         if kinds.KINDS[self.task.kind].engine or self.task.engine:
             cls = load_engine_class(self.task.engine)
             spec = engine_spec(self.plan, self.task, self.wp.replica, self.paths)
+            self._device = devices.resolve(self.plan.device_kind, self.wp.devices, self.use_ray,
+                                           getattr(cls, "uses_device", True), self.id)
+            if self._device["device"]:
+                spec.extra["device"] = self._device["device"]
             self.engine = cls(spec)
             self._check_prompt(spec)
             if self.loop == "train" and self.opt.get("resume_dir"):  # --resume

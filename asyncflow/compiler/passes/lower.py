@@ -252,7 +252,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
             workers.append(WorkerPlan(w["id"], n, w["replica"], d.pool, list(w["bundles"]),
                                       plain(w["resources"]),
                                       [Op(**{**o.__dict__, "fields": list(o.fields)}) for o in ops],
-                                      w.get("process") or w["id"]))
+                                      w.get("process") or w["id"], list(w.get("devices", []))))
     return Plan(
         pipeline=p.name, source_file=ctx.source_file, seed=p.seed,
         step=StepPlan(st.prompts_per_step, st.samples_per_prompt, st.samples_per_step, st.steps,

@@ -25,8 +25,17 @@ Rules:
    A pool's ``share_process: false`` gives each of its workers a process of its own (its id),
    as does an engine task without a pool.
 
+7. Devices: each pooled worker names its ``devices``, the indices of its bundles counted over
+   the pools in order (pool ``a`` of 2 devices holds 0-1, the next pool starts at 2): the device
+   (``cuda:N``) a one-node run without Ray uses; on Ray a worker takes the ids Ray assigns its
+   process. A worker asks for its share of each of its bundles' GPU and CPU (rule 3). On GPUs,
+   a process over several devices must hold them whole: Ray gives a process part of one GPU or
+   whole GPUs, never part of several, so a worker of ``devices_per_replica > 1`` that
+   time-shares its devices with another process (a task of another ``devices_per_replica`` on
+   the pool, or ``share_process: false``) is AF407.
+
 Node meta: ``time_share``, ``bundles`` (every bundle index it uses), ``workers`` (list of
-``{id, replica, bundles, resources, process}``). Graph attribute ``placement``: ``{device_kind, pools:
+``{id, replica, bundles, devices, resources, process}``). Graph attribute ``placement``: ``{device_kind, pools:
 {name: {devices, bundles, tasks}}}``.
 """
 from __future__ import annotations
@@ -69,6 +78,7 @@ def placement(graph: Graph, ctx: Context) -> Graph:
         if t.defn.pool in on_pool:
             on_pool[t.defn.pool].append(t.name)
     pools = {}
+    first = 0  # rule 7: the pool's first device, counted over the pools in order
     for name, pool in p.pools.items():
         extra = {}
         for r, v in pool.resources.items():  # rule 5
@@ -92,7 +102,7 @@ def placement(graph: Graph, ctx: Context) -> Graph:
                 ctx.diags.add("AF401", at, task=n, need=need, replicas=d.replicas,
                               dpr=d.devices_per_replica, pool=name, devices=pool.devices)
             else:
-                res = {kind: share}
+                res = {kind: share, "CPU": share} if kind == "GPU" else {kind: share}
                 res.update({r: round(v * share, 4) if isinstance(v, (int, float)) else v
                             for r, v in extra.items()})
                 for r in range(d.replicas):
@@ -101,9 +111,13 @@ def placement(graph: Graph, ctx: Context) -> Graph:
                     if not pool.share_process:  # rule 6
                         proc = f"{n}/{r}"
                     workers.append({"id": f"{n}/{r}", "replica": r, "bundles": b,
+                                    "devices": [first + i for i in b],
                                     "resources": dict(res), "process": proc})
             m["workers"] = workers
             m["bundles"] = sorted({b for w in workers for b in w["bundles"]})
+        if kind == "GPU":
+            _whole_devices(g, ctx, name, order)
+        first += pool.devices
     for t in g.tasks():  # rule 4 (and tasks on an unknown pool: validate reports those)
         m = g.meta(t.name)
         if "workers" in m:
@@ -111,12 +125,32 @@ def placement(graph: Graph, ctx: Context) -> Graph:
         m["time_share"] = 0
         m["bundles"] = []
         own = t.defn.engine is not None  # rule 6
-        m["workers"] = [{"id": f"{t.name}/{r}", "replica": r, "bundles": [],
+        m["workers"] = [{"id": f"{t.name}/{r}", "replica": r, "bundles": [], "devices": [],
                          "resources": dict(CPU_TASK_RESOURCES),
                          "process": f"{t.name}/{r}" if own else f"cpu:{r}"}
                         for r in range(t.defn.replicas)]
     g.g.graph = dict(g.g.graph, placement={"device_kind": kind, "pools": pools})
     return g
+
+
+def _whole_devices(g: Graph, ctx: Context, pool: str, tasks: list[str]) -> None:
+    """Rule 7: on a GPU pool, a process over several devices is the only process on them."""
+    procs: dict[str, tuple[str, set]] = {}  # process -> (a task of it, its bundles)
+    for n in tasks:
+        for w in g.meta(n).get("workers", []):
+            procs.setdefault(w["process"], (n, set(w["bundles"])))
+    for proc, (n, bundles) in procs.items():
+        if len(bundles) < 2:
+            continue
+        other = next((q for q, (_, b) in procs.items() if q != proc and b & bundles), None)
+        if other is None:
+            continue
+        d = g.node(n).defn
+        share = g.pipeline.pools[pool]
+        at = (share.locs.get("share_process") if not share.share_process else None) or \
+            d.locs.get("devices_per_replica") or d.loc
+        ctx.diags.add("AF407", at, task=n, n=len(bundles), pool=pool, other=other)
+        return
 
 
 def pool_tasks(graph: Graph) -> dict[str, list[str]]:

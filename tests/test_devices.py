@@ -1,0 +1,127 @@
+"""Workers get their devices from Ray (placement rule 7), on a Ray that declares GPUs this
+machine does not have (``ray.init(num_gpus=4)``: the CPU twin of a GPU node, the same code
+path): each process asks for its plan share of its bundles' GPUs, Ray assigns ids, and
+``workers.json`` gives each worker's ``gpus`` and ``device``."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from asyncflow.compiler.pipeline import compile_text  # noqa: E402
+from asyncflow.runtime.backends import device_groups, process_resources  # noqa: E402
+from asyncflow.runtime.driver import Driver  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+PIPELINE = """
+pipeline: devices
+models:
+  policy: {init: asyncflow.models:tiny_decoder, args: {layers: 1, hidden: 16}}
+  reference: {copy_of: policy, frozen: true}
+data:
+  prompts: {source: asyncflow.datasets:digits, args: {n: 64, seed: 0}, fields: [prompt, answer]}
+pools:
+  gen: {devices: 2}
+  learn: {devices: 1}
+step: {prompts_per_step: 2, samples_per_prompt: 4, steps: 2}
+tasks:
+  generate:
+    kind: rollout
+    engine: sim
+    model: policy
+    pool: gen
+    devices_per_replica: 2
+    inputs: [prompt]
+    outputs: [response, logprobs]
+    args: {slots: 4, latency: 0.002}
+  ref:
+    kind: logprob
+    engine: sim
+    model: reference
+    pool: gen
+    devices_per_replica: 2
+    inputs: [prompt, response]
+    outputs: [ref_logprobs]
+  score: {kind: reward, fn: asyncflow.rewards:digits_match, inputs: [prompt, answer, response], outputs: [reward]}
+  advantage: {kind: advantage, estimator: grpo, inputs: [reward], outputs: [advantages]}
+  update:
+    kind: train
+    engine: ENGINE
+    model: policy
+    pool: learn
+    loss: grpo
+    inputs: [prompt, response, logprobs, ref_logprobs, advantages]
+    args: ARGS
+sync:
+  - {from: update, to: generate, max_staleness: 1}
+"""
+SIM_TRAIN = PIPELINE.replace("ENGINE", "sim").replace("ARGS", "{seconds_per_sample: 0.0005, micro_batch: 4}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_with_declared_gpus():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_the_plan_names_each_workers_devices_and_share():
+    plan = compile_text(SIM_TRAIN, "devices.yaml", device_kind="gpu")
+    w = {x.id: x for x in plan.workers}
+    assert w["generate/0"].devices == w["ref/0"].devices == [0, 1]  # pool gen holds devices 0-1
+    assert w["update/0"].devices == [2]  # the next pool starts after it
+    assert w["score/0"].devices == []
+    assert w["generate/0"].resources == {"GPU": 0.5, "CPU": 0.5}  # two tasks time-share gen
+    gen = next(p for p in plan.pools if p.name == "gen")
+    assert device_groups(plan, gen) == [[0, 1]]  # one Ray bundle of two GPUs for the replica
+    procs = [x for x in plan.workers if x.process == w["generate/0"].process]
+    assert {x.id for x in procs} == {"generate/0", "ref/0"}
+    assert process_resources(procs, {"GPU": 2.0, "CPU": 2.0}) == {"num_gpus": 2.0, "num_cpus": 2.0}
+
+
+def test_workers_get_rays_gpu_ids(tmp_path):
+    """Colocated workers (one process) share their ids; separate pools get disjoint ids;
+    ``devices_per_replica: 2`` gets two; pool-less workers get none."""
+    plan = compile_text(SIM_TRAIN, "devices.yaml", device_kind="gpu")
+    r = Driver(plan, "ray", out_dir=str(tmp_path)).run()
+    assert len(r.metrics) == 2
+    w = json.loads((tmp_path / "workers.json").read_text())
+    gen, ref, upd = w["generate/0"]["gpus"], w["ref/0"]["gpus"], w["update/0"]["gpus"]
+    assert len(gen) == 2 and sorted(gen) == sorted(ref), w
+    assert len(upd) == 1 and not set(upd) & set(gen), w
+    assert w["score/0"]["gpus"] == [] and w["advantage/0"]["gpus"] == []
+    assert w["generate/0"]["device"] is None  # the sim engine uses no torch device
+
+
+def test_share_process_false_splits_one_gpu_between_processes(tmp_path):
+    """Two processes on one device (``share_process: false``): each asks half of it, and Ray
+    gives both the same id."""
+    text = (SIM_TRAIN.replace("  learn: {devices: 1}", "  learn: {devices: 1, share_process: false}")
+            .replace("  score: {kind: reward", "  critic_lp:\n    kind: logprob\n    engine: sim\n"
+                     "    model: reference\n    pool: learn\n    inputs: [prompt, response]\n"
+                     "    outputs: [other_lp]\n    keep: [other_lp]\n  score: {kind: reward"))
+    plan = compile_text(text, "devices.yaml", device_kind="gpu")
+    r = Driver(plan, "ray", out_dir=str(tmp_path)).run()
+    assert len(r.metrics) == 2
+    w = json.loads((tmp_path / "workers.json").read_text())
+    assert w["update/0"]["pid"] != w["critic_lp/0"]["pid"]
+    assert len(w["update/0"]["gpus"]) == 1 and w["update/0"]["gpus"] == w["critic_lp/0"]["gpus"]
+
+
+@pytest.mark.engine
+def test_an_hf_engine_without_cuda_runs_on_the_cpu_and_says_so_once(tmp_path, capfd):
+    pytest.importorskip("torch")
+    text = PIPELINE.replace("ENGINE", "hf").replace("ARGS", "{lr: 1.0e-3, micro_batch: 4}")
+    plan = compile_text(text, "devices.yaml", device_kind="gpu")
+    r = Driver(plan, "ray", out_dir=str(tmp_path)).run()
+    assert len(r.metrics) == 2
+    w = json.loads((tmp_path / "workers.json").read_text())
+    assert len(w["update/0"]["gpus"]) == 1 and w["update/0"]["device"] == "cpu"
+    err = capfd.readouterr().err
+    warned = [x for x in err.splitlines() if "torch sees no CUDA device" in x]
+    assert len(warned) == 1 and f"Ray assigned GPU ids {w['update/0']['gpus']}" in warned[0], err
