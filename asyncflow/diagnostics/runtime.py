@@ -11,6 +11,11 @@ CODES = [
          "data source '{name}' ({source}) has {rows:,} prompts: epochs {epochs} give "
          "{have:,}, but {steps} steps x {pps} prompts need {need:,} (epochs >= {passes})"),
     Code("AF607", "data-split", "data source '{name}' ({source}): {problem}"),
+    Code("AF609", "cluster-too-small",
+         "the pools need {need:g} {resource} in all, and pool '{pool}' is where the Ray cluster's "
+         "{have:g} run out"),
+    Code("AF608", "cluster-unreachable",
+         "cannot join the Ray cluster at {address}: {why}"),
     Code("AF604", "cluster-lacks-resources",
          "pool '{pool}' needs {need:g} {resource} in one bundle but no node of the Ray cluster has "
          "that much (the largest has {have:g}; the cluster: {cluster})"),

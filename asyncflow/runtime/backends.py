@@ -335,6 +335,25 @@ def check_feasible(plan, nodes: list[dict]) -> None:
                     raise error("AF604", loc, hint, sources=sources, pool=pool.name,
                                 need=need, resource=res, have=have,
                                 cluster=", ".join(f"{k} {v:g}" for k, v in sorted(cluster.items())))
+    total: dict[str, float] = {}  # AF609: every bundle fits a node, but not all of them at once
+    for n in nodes:
+        for k, v in n.items():
+            total[k] = total.get(k, 0.0) + float(v)
+    used: dict[str, float] = {}
+    for pool in plan.pools:
+        for b in pool.bundles:
+            for res, need in b.resources.items():
+                if res == "CPU" or float(need or 0) <= 0:
+                    continue
+                used[res] = used.get(res, 0.0) + float(need)
+                if used[res] > total.get(res, 0.0) + 1e-9:
+                    loc = source_loc(pool.loc, plan.source_file or "<plan>", len(pool.name))
+                    sources = Sources()
+                    sources.add_file(loc.file)
+                    rest = sum(float(x.resources.get(res, 0) or 0) for p in plan.pools for x in p.bundles)
+                    raise error("AF609", loc, f"give the pools fewer devices, or add nodes with "
+                                f"{res}", sources=sources, pool=pool.name, need=rest,
+                                resource=res, have=total.get(res, 0.0))
 
 
 def source_loc(text: str, fallback: str = "<plan>", width: int = 0):
@@ -451,11 +470,55 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None):
         print(f"asyncflow: joining the Ray cluster at {env} (RAY_ADDRESS)", file=sys.stderr)
         address = env
     if address:
-        ray.init(address=address, **kw)
+        probe_address(address)
+        try:
+            ray.init(address=address, **kw)
+        except ConnectionError as e:  # Ray's own, after its retries: most often the token
+            raise join_error(address, "Ray's client could not connect: the head refused it or "
+                             f"did not answer ({str(e).splitlines()[0][:160]})") from None
         return ray, False
     with _lean_local_ray(ray):
         ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kw)
     return ray, True
+
+
+JOIN_PROBE_S = 5.0  # how long a join waits for the head's port before AF608
+
+
+def join_error(address: str, why: str):
+    """AF608: ``--address`` (or ``RAY_ADDRESS``) cannot be joined; the hint says what to
+    check, token authentication first where it is on by default (Ray 2.60's ``ray start``)."""
+    from asyncflow.diagnostics import error
+
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        token = ("that RAY_AUTH_TOKEN here is the head's token (`ray get-auth-token` on the head) "
+                 "and RAY_AUTH_MODE=token")
+    else:
+        token = ("a head started with `ray start` uses token authentication (Ray 2.60): set "
+                 "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to the head's token (`ray "
+                 "get-auth-token` on the head) here")
+    hint = (f"check that a Ray head runs at {address} (`ray start --head --port PORT` prints its "
+            f"address; `ray status --address {address}` tests it from here); {token}; and that "
+            "both sides run the same Ray and Python versions")
+    return error("AF608", None, hint, address=address, why=why)
+
+
+def probe_address(address: str, timeout: float = JOIN_PROBE_S) -> None:
+    """A TCP connect to the head's GCS port before ``ray.init``: a refused or unreachable
+    address is AF608 in seconds, not after Ray's minutes of retries. ``auto`` and addresses
+    without a port are left to Ray."""
+    import socket
+
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        why = "nothing answers there" if isinstance(e, ConnectionRefusedError) else \
+            f"{e.__class__.__name__}: {e.strerror or e}"
+        raise join_error(address, why) from None
 
 
 @contextlib.contextmanager
