@@ -22,6 +22,12 @@ MODEL = {"name": "policy", "init": "asyncflow.models:tiny_decoder",
          "args": {"layers": 1, "hidden": 32, "seed": 3}}
 INPUTS = ("prompt", "response", "logprobs", "advantages")
 TOL = 1e-5
+# Two data-parallel replicas sum the gradient in another order than one engine (each its
+# partial sum, then the all-reduce, pre-divided by the world size), and AdamW turns float-level
+# differences of near-zero gradients into larger ones of the update: measured 1.2e-5 after two
+# steps at lr 1e-2 with DeepSpeed 0.19.8's ZeRO-2 on the uneven split (the updates are up to
+# 2e-2), against 1e-5 before; the replicas themselves stay bit-identical (asserted exactly).
+REPLICA_TOL = 5e-5
 
 
 def spec(kind="train", replica=0, replicas=1, **args):
@@ -68,10 +74,9 @@ def clean_process_group():
     """In-process engines create a one-rank process group and set RANK etc.; undo both."""
     env = dict(os.environ)
     yield
-    import torch.distributed as dist
+    from asyncflow.engines.deepspeed import release_distributed
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    release_distributed()  # and DeepSpeed's cached groups: the next module builds new ones
     os.environ.clear()
     os.environ.update(env)
 
@@ -192,7 +197,7 @@ def test_two_replicas_reach_the_one_replica_weights(batch, stage, split):
     finally:
         ray.shutdown()
     assert max_diff(weights[0], weights[1]) == 0.0  # replicas stay identical
-    assert max_diff(weights[0], one.export_weights()) < TOL
+    assert max_diff(weights[0], one.export_weights()) < REPLICA_TOL
     for m in metrics:  # the global step's metrics, on every replica
         assert m["rows"] == 8 and m["tokens"] == m_one["tokens"]
         assert m["loss"] == pytest.approx(m_one["loss"], rel=1e-4, abs=1e-6)

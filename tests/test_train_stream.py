@@ -317,10 +317,9 @@ def process_group():
 
     env = dict(os.environ)
     yield
-    import torch.distributed as dist
+    from asyncflow.engines.deepspeed import release_distributed
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    release_distributed()  # and DeepSpeed's cached groups: the next module builds new ones
     os.environ.clear()
     os.environ.update(env)
 

@@ -306,6 +306,26 @@ def _init_distributed(spec: EngineSpec, args: dict) -> tuple[int, int]:
     return world, rank
 
 
+def release_distributed() -> None:
+    """Tear down this process's process group and DeepSpeed's references to it (its cached
+    world, data-parallel and expert groups): ``torch.distributed.destroy_process_group`` alone
+    leaves DeepSpeed holding the dead group, and the next engine of the process fails with
+    "Group ... is not registered"."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        from deepspeed.comm import comm as ds_comm  # the module: its cdb is set at init
+
+        if ds_comm.cdb is not None:
+            ds_comm.destroy_process_group()
+            return
+    except ImportError:
+        pass
+    dist.destroy_process_group()
+
+
 @contextlib.contextmanager
 def _loss_scale_times(optimizer, factor: float):
     """The ZeRO optimiser's loss scale multiplied by ``factor`` for one ``step``: it divides
