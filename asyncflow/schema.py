@@ -54,6 +54,10 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                    "frozen reference).",
         "frozen": "Never trained: no train task may update it and no sync edge targets its "
                   "tasks.",
+        "lora": "Train a LoRA adapter instead of the weights (peft): {r: rank >= 1 (8), alpha: "
+                "scale > 0 (2 r), dropout: in [0, 1) (0), target_modules: a list of module "
+                'names or "all-linear" (the default)}; {} takes every default. A sync sends the '
+                "adapter only; the export writes the merged model and the adapter. hf engine.",
     },
     "data source": {
         "source": 'Where the rows come from: a "module:function" reference; a .jsonl, .json '

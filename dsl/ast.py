@@ -46,6 +46,7 @@ class ModelDef:
     copy_of: str | None = None
     frozen: bool = False
     dtype: str | None = None  # float32 | bfloat16 | float16 (None: the copied model's, else float32)
+    lora: dict | None = None  # {r, alpha, dropout, target_modules}: train an adapter (asyncflow.lora)
     loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()
 

@@ -39,6 +39,8 @@ MODEL = {
     "frozen": Key("bool", default=False),
     # the weights' dtype (asyncflow.modelsrc.DTYPES); unset: the copied model's, else float32
     "dtype": Key("choice", choices=("float32", "bfloat16", "float16")),
+    # a LoRA adapter the trainer trains instead of the weights (asyncflow.lora: keys, defaults)
+    "lora": Key("map"),
 }
 DATA = {
     "source": Key("str", required=True), "args": Key("map", default={}),

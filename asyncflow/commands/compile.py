@@ -53,8 +53,13 @@ def models_table(plan):
             src += f" ({getattr(m, 'path', '') or 'not cached: downloaded at start-up'})"
         if m.copy_of:
             kind = f"copy of {m.copy_of}: {kind}"
-        t.add_row(m.name, kind, src, getattr(m, "dtype", "float32"),
-                  m.updated_by or ("frozen" if m.frozen else ""))
+        by = m.updated_by or ("frozen" if m.frozen else "")
+        ad = getattr(m, "lora", None)
+        if ad and by:  # asyncflow.lora: what trains is the adapter
+            mods = ad["target_modules"] if isinstance(ad["target_modules"], str) else \
+                ",".join(ad["target_modules"])
+            by += f" (LoRA r={ad['r']} alpha={ad['alpha']:g} on {mods})"
+        t.add_row(m.name, kind, src, getattr(m, "dtype", "float32"), by)
     return t
 
 

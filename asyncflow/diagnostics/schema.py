@@ -57,4 +57,19 @@ CODES = [
     Code("AF213", "engine-args-undeclared",
          "engine '{engine}' declares no args that check can read ({why}): the args of its "
          "tasks are not checked", severity="warning"),  # a plug-in: tests/test_argtable.py
+    # -- LoRA (asyncflow.lora; validate's rule 2) --------------------------------------------------
+    Code("AF214", "bad-lora", "model '{model}': lora{key} {problem}",
+         (mutate("    args: {layers: 2, hidden: 64}\n  reference:",
+                 "    args: {layers: 2, hidden: 64}\n    lora: {r: 0}\n  reference:", at="0}"),
+          mutate("    args: {layers: 2, hidden: 64}\n  reference:",
+                 "    args: {layers: 2, hidden: 64}\n    lora: {rank: 8}\n  reference:",
+                 at="8}"),
+          mutate("    copy_of: policy\n    frozen: true",
+                 "    copy_of: policy\n    frozen: true\n    lora: {r: 4}", at="{r: 4}"))),
+    Code("AF215", "lora-engine",
+         "model '{model}' has a LoRA adapter, but task '{task}' runs it on the {engine} engine, "
+         "which takes no adapter (the engines that do: {engines})",
+         (mutate("    args: {layers: 2, hidden: 64}\n  reference:",
+                 "    args: {layers: 2, hidden: 64}\n    lora: {r: 4}\n  reference:",
+                 at="deepspeed", sets=("tasks.update.engine=deepspeed",), in_set=True),)),
 ]

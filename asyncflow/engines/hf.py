@@ -64,6 +64,12 @@ class HFEngine:
 
         # from where the plan says, in the model's dtype (log-prob math stays float32)
         self.model, self.tokenizer = models.engine_load(spec)
+        # a LoRA adapter (asyncflow.lora): the trainer trains it, a rollout applies what it gets
+        self.lora = dict(spec.model.get("lora") or {})
+        if self.lora:
+            from asyncflow import lora
+
+            self.model = lora.wrap(self.model, self.lora, train=spec.kind == "train")
         self.model.to(self.device)
         self.critic = spec.kind == "value" or spec.loss == "value"
         self.value_head = None
@@ -257,7 +263,7 @@ class HFEngine:
     # ------------------------------------------------------------------ Trainer
 
     def _params(self):
-        params = list(self.model.parameters())
+        params = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter
         if self.value_head is not None:
             params += list(self.value_head.parameters())
         return params
@@ -269,9 +275,10 @@ class HFEngine:
 
         a = self.args
         self.model.train()
-        # dropout off: fp32 log-probs must be those the rollout saw
-        for m in self.model.modules():
-            if isinstance(m, torch.nn.Dropout):
+        # dropout off: fp32 log-probs must be those the rollout saw (a LoRA adapter's own
+        # dropout stays: the user asked for it, as peft and TRL apply it)
+        for name, m in self.model.named_modules():
+            if isinstance(m, torch.nn.Dropout) and "lora_dropout" not in name:
                 m.p = 0.0
         self.loss_name = self.spec.loss or "grpo"
         self.loss_cfg = LossConfig.from_args(a)
@@ -394,8 +401,14 @@ class HFEngine:
                      prox_logprobs=prox, entropy=ent, normalizer=normalizer)
 
     def export_weights(self) -> dict:
-        """A CPU state dict of cloned tensors (value head under ``value_head.*``)."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """A CPU state dict of cloned tensors (value head under ``value_head.*``); with a LoRA
+        adapter, the adapter's tensors only (what a sync sends: asyncflow.lora)."""
+        if self.lora:
+            from asyncflow import lora
+
+            state = lora.adapter_state(self.model)
+        else:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         if self.value_head is not None:
             for k, v in self.value_head.state_dict().items():
                 state[VALUE_HEAD + k] = v.detach().to("cpu", copy=True)
@@ -403,7 +416,13 @@ class HFEngine:
 
     def _load_state(self, state: dict) -> None:
         model_state = {k: v for k, v in state.items() if not k.startswith(VALUE_HEAD)}
-        missing, unexpected = self.model.load_state_dict(model_state, strict=False)
+        if self.lora:  # an adapter from a LoRA trainer (asyncflow.lora)
+            from asyncflow import lora
+
+            lora.load_adapter(self.model, model_state)
+            missing, unexpected = [], []
+        else:
+            missing, unexpected = self.model.load_state_dict(model_state, strict=False)
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         if set(missing) - tied or unexpected:
             raise KeyError(f"weights do not fit the model: missing {sorted(set(missing) - tied)}"
@@ -419,7 +438,13 @@ class HFEngine:
         from asyncflow import models
 
         os.makedirs(directory, exist_ok=True)
-        models.save((self.model, self.tokenizer), directory)
+        if self.lora:  # the merged model as the directory, the adapter beside it
+            from asyncflow import lora
+
+            models.save((lora.merged_copy(self.model), self.tokenizer), directory)
+            lora.save_adapter(self.model, os.path.join(directory, "adapter"))
+        else:
+            models.save((self.model, self.tokenizer), directory)
         self._save_value_head(directory)
         torch.save({
             "weights": self.export_weights(),
@@ -442,6 +467,13 @@ class HFEngine:
         The engine's own weights are not changed."""
         from asyncflow.hfdir import write_hf
 
+        if self.lora:  # the merged model (loads without peft) and the adapter in adapter/
+            from asyncflow import lora
+
+            write_hf(directory, lora.merged_copy(self.model), self.tokenizer, dtype,
+                     value_head=self.value_head)
+            lora.save_adapter(self.model, os.path.join(directory, "adapter"))
+            return
         write_hf(directory, self.model, self.tokenizer, dtype, value_head=self.value_head)
 
     def load(self, directory: str) -> None:

@@ -292,6 +292,8 @@ _CACHE_KW: dict = {}
 def cache_kw(model) -> str:
     """The keyword a causal LM's ``forward`` takes its KV cache by: ``cache`` (transformers >=
     5.24, which warns on the old name on every call) or ``past_key_values`` (earlier)."""
+    if hasattr(model, "get_base_model"):  # a peft model (LoRA) passes it on to its base
+        model = model.get_base_model()
     kind = type(model)
     if kind not in _CACHE_KW:
         import inspect

@@ -69,6 +69,8 @@ class ModelPlan:
     path: str = ""
     dtype: str = "float32"  # float32 | bfloat16 | float16
     loc: str = ""  # "file:line:col" of its init (of the model it copies), for run-time errors
+    # its LoRA adapter, defaults filled in (asyncflow.lora.resolve); {}: the weights train
+    lora: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -73,7 +73,8 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              # where it comes from, as the compiler resolved it (asyncflow.modelsrc), its dtype
              "source_kind": getattr(model, "source_kind", ""), "source": getattr(model, "source", ""),
              "path": getattr(model, "path", ""), "dtype": getattr(model, "dtype", "float32"),
-             "loc": getattr(model, "loc", "")} if model else {}
+             "loc": getattr(model, "loc", ""),
+             "lora": dict(getattr(model, "lora", None) or {})} if model else {}
     st = plan.step
     extra = {"samples_per_prompt": st.samples_per_prompt, "prompts_per_step": st.prompts_per_step,
              "samples_per_step": st.samples_per_step, "steps": st.steps,

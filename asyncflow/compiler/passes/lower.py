@@ -53,6 +53,7 @@ from asyncflow.compiler.passes.overlap import RANK
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph, SourceNode
 from asyncflow.compiler.passes.evalplan import eval_plan, held_out
+from asyncflow import lora
 from asyncflow.plan import (Bundle, ChannelPlan, ModelPlan, Op, Plan, PoolPlan, SourcePlan,
                             StepPlan, SyncPlan, TaskPlan, WorkerPlan)
 
@@ -194,7 +195,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         init, args = resolved(name)
         models.append(ModelPlan(name, init, plain(args), m.frozen, m.copy_of,
                                 None if m.frozen else trained.get(name),
-                                **_model_source(p, name)))
+                                **_model_source(p, name), lora=lora.resolve(plain(m.lora))))
     data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields), d.epochs,
                        {"": _loc(d), **{k: str(v) for k, v in d.locs.items() if v.line}}, d.split)
             for d in p.data.values()]

@@ -171,6 +171,27 @@ def _models(p: ast.Pipeline, d: Diagnostics) -> None:
     for m in p.models.values():
         if m.name not in used and m.name not in copied:
             d.add("AF316", m.loc, model=m.name)
+    _lora(p, d)
+
+
+def _lora(p: ast.Pipeline, d: Diagnostics) -> None:
+    """A model's ``lora:`` (asyncflow.lora): its keys and values, not on a frozen model (AF214);
+    every task that trains or runs the model on an engine that takes adapters (AF215)."""
+    from asyncflow import lora
+
+    for m in p.models.values():
+        if m.lora is None:
+            continue
+        for key, problem in lora.problems(m.lora):
+            d.add("AF214", _at(m, f"lora.{key}" if key else "lora"), model=m.name,
+                  key=f".{key}" if key else "", problem=problem)
+        if m.frozen:
+            d.add("AF214", _at(m, "lora"), model=m.name, key="",
+                  problem="is on a frozen model: nothing trains it (give it to the trained model)")
+        for t in p.tasks.values():
+            if t.model == m.name and t.engine and t.engine not in lora.ENGINES + ("sim",):
+                d.add("AF215", _at(t, "engine"), model=m.name, task=t.name, engine=t.engine,
+                      engines=", ".join(lora.ENGINES))
 
 
 def _check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
