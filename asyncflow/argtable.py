@@ -170,8 +170,11 @@ HF_ARGS = (
         "samples, at least 32)", _R, min=1),
     _TURNS,
     *_HF_COMMON,
-    Arg("device", "str", "cpu", "torch device (e.g. cuda:0)"),
+    Arg("device", "str", "cpu", "torch device (e.g. cuda:0; default: the worker's, from its "
+        "placement: Ray's GPU, else the CPU)"),
     *_ADAMW,
+    Arg("gradient_checkpointing", "bool", False, "recompute activations in the backward pass "
+        "instead of keeping them (less memory, about a third more compute)", _T),
 )
 
 VLLM_ARGS = (

@@ -288,6 +288,9 @@ class HFEngine:
         self.micro_cfg = (dataclasses.replace(self.loss_cfg, norm_length=1)
                           if self.loss_agg == "seq_sum_norm" else self.loss_cfg)
         self.max_grad_norm = a.get("max_grad_norm", 1.0)
+        if a.get("gradient_checkpointing"):  # non-reentrant: no input needs requires_grad (LoRA)
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(
             self._params(), lr=float(a.get("lr", 1e-4)),
             betas=tuple(a.get("betas", (0.9, 0.999))), eps=float(a.get("adam_eps", 1e-8)),

@@ -1,0 +1,66 @@
+"""The GPU tier: what the first GPU machine runs (``pytest -m gpu``; skipped where torch sees no
+CUDA). The same code paths run on CPU in CI (tests/test_devices.py on a Ray that declares GPUs,
+tests/test_join_cluster.py); here they meet real devices: the main job in bfloat16 on the hf
+engine on ``cuda``, workers on the GPU ids Ray gives them, the DeepSpeed trainer on NCCL, LoRA on
+the device. Run: ``.venv/bin/python -m pytest -m gpu`` (and ``.venv-vllm/bin/python -m pytest -m
+"gpu and vllm"`` for vLLM)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path, pipeline: str, *args: str, timeout: float = 600):
+    cmd = [sys.executable, "-m", "asyncflow.cli", "run", str(ROOT / "pipelines" / pipeline),
+           "--out", str(tmp_path / "run"), "--quiet", "--device-kind", "gpu", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "torch sees no CUDA device" not in r.stderr  # no fallback to the CPU
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    workers = json.loads((tmp_path / "run" / "workers.json").read_text())
+    return r, rows, workers
+
+
+@pytest.mark.parametrize("backend", ["ray", "local"])
+def test_main_job_in_bfloat16_on_the_gpu(tmp_path, backend):
+    _, rows, workers = _run(tmp_path, "grpo_digits.yaml", "--backend", backend, "--steps", "20",
+                            "--set", "models.policy.dtype=bfloat16")
+    assert len([r for r in rows if "reward_mean" in r]) == 20
+    for wid in ("generate/0", "ref/0", "update/0"):
+        assert str(workers[wid]["device"]).startswith("cuda"), workers[wid]
+    if backend == "ray":  # Ray's GPU ids: the colocated generate and ref share one
+        assert workers["generate/0"]["gpus"] == workers["ref/0"]["gpus"] and workers["generate/0"]["gpus"]
+    final = json.loads((tmp_path / "run" / "final" / "policy" / "asyncflow_export.json").read_text())
+    assert final["dtype"] == "bfloat16"
+
+
+def test_lora_on_the_gpu(tmp_path):
+    pytest.importorskip("peft")
+    _, rows, workers = _run(tmp_path, "grpo_digits.yaml", "--steps", "10",
+                            "--set", "models.policy.lora={r: 8}")
+    assert str(workers["update/0"]["device"]).startswith("cuda")
+    assert (tmp_path / "run" / "final" / "policy" / "adapter" / "adapter_config.json").exists()
+
+
+@pytest.mark.deepspeed
+def test_deepspeed_trainer_on_nccl(tmp_path):
+    pytest.importorskip("deepspeed")
+    _, rows, workers = _run(tmp_path, "grpo_digits_deepspeed.yaml", "--steps", "10")
+    assert str(workers["update/0"]["device"]).startswith("cuda")
+
+
+@pytest.mark.vllm
+def test_vllm_rollout_on_the_gpu(tmp_path):
+    pytest.importorskip("vllm")
+    _, rows, workers = _run(tmp_path, "grpo_digits_vllm.yaml", "--steps", "10")
+    assert len([r for r in rows if "reward_mean" in r]) == 10
