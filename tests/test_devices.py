@@ -125,3 +125,40 @@ def test_an_hf_engine_without_cuda_runs_on_the_cpu_and_says_so_once(tmp_path, ca
     err = capfd.readouterr().err
     warned = [x for x in err.splitlines() if "torch sees no CUDA device" in x]
     assert len(warned) == 1 and f"Ray assigned GPU ids {w['update/0']['gpus']}" in warned[0], err
+
+
+def test_data_parallel_replicas_meet_at_replica_0s_offer():
+    """A distributed engine's replicas (DeepSpeed) meet through the control actor at the
+    address and free port replica 0 offers (no fixed 29500, no 127.0.0.1 on Ray); one that
+    waits for a replica 0 that never comes is AF636, bounded."""
+    import threading
+
+    from asyncflow.errors import TaskError
+    from asyncflow.runtime import devices
+    from asyncflow.runtime.backends import Control
+
+    control, got = Control(), {}
+
+    def meet(replica):
+        got[replica] = devices.rendezvous(control, "update", replica, 0, use_ray=False, timeout=10)
+
+    late = threading.Thread(target=meet, args=(1,))
+    late.start()  # replica 1 asks first and waits for the offer
+    meet(0)
+    late.join(10)
+    assert got[0] == got[1] and got[0]["master_addr"] == "127.0.0.1" and got[0]["local_rank"] == 0
+    assert 1024 < got[0]["master_port"] < 65536
+    assert devices.rendezvous(control, "update", 1, 0, False)["master_port"] == got[0]["master_port"]
+    with pytest.raises(TaskError) as e:  # a new group generation: no offer yet, none comes
+        devices.rendezvous(control, "update", 1, 1, use_ray=False, timeout=0.3)
+    assert e.value.code == "AF636" and e.value.fields["replica"] == 1
+
+
+def test_only_replica_0_of_a_trainer_publishes():
+    """Lower rule 7: a trainer's replicas hold the same weights; only replica 0 publishes."""
+    text = PIPELINE.replace("ENGINE", "deepspeed").replace("ARGS", "{lr: 1.0e-3, micro_batch: 4}")
+    plan = compile_text(text.replace("    pool: learn\n", "    pool: learn\n    replicas: 2\n")
+                        .replace("  learn: {devices: 1}", "  learn: {devices: 2}"), "devices.yaml",
+                        device_kind="cpu")
+    ops = {w.id: [o.kind for o in w.ops] for w in plan.workers}
+    assert "PUBLISH" in ops["update/0"] and "PUBLISH" not in ops["update/1"]

@@ -74,6 +74,9 @@ CODES = [
     Code("AF663", "export-dir-exists",
          "{out} already exists and is not empty: pick another -o DIR, or --force to replace it"),
     Code("AF664", "export-nothing", "{run_dir}: nothing to export: {why}"),
+    Code("AF636", "rendezvous-timeout",
+         "task '{task}': replica {replica} waited {waited} s for replica 0 to open the "
+         "data-parallel group (its address and port) and it never did"),
     Code("AF635", "refill-starved",
          "filter {tasks} dropped {groups} groups since the last train step, more than {rounds} "
          "steps' launches: with refill: true new prompts would be fed for ever; check the filter "

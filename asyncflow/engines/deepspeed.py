@@ -106,6 +106,11 @@ class _Net(torch.nn.Module):
 class DeepSpeedEngine(HFEngine):
     """A trainer through DeepSpeed ZeRO 1/2; a scorer as the hf engine (module docstring)."""
 
+    # its replicas form one torch.distributed group: the worker gives each the group's meeting
+    # point (replica 0's node address and a free port there) and the rank's local device
+    # index (asyncflow.runtime.devices: Ray's assignment is the process's only device, 0)
+    distributed = True
+
     def __init__(self, spec: EngineSpec):
         self.ds = None  # the deepspeed engine (train kind only)
         super().__init__(spec)

@@ -43,6 +43,7 @@ class Control:
         self._errors: list[tuple[str, str, str]] = []
         self._seen: dict[str, float] = {}
         self._beats: dict[str, dict] = {}  # worker -> its last heartbeat (op, since, progress)
+        self._meet: dict[str, dict] = {}  # rendezvous key -> the first offer (rendezvous)
 
     def beat(self, worker: str, info: dict) -> dict:
         """A worker's liveness heartbeat (from its heartbeat thread, also while it computes);
@@ -56,6 +57,16 @@ class Control:
     def beats(self) -> dict:
         with self._lock:
             return {w: dict(b) for w, b in self._beats.items()}
+
+    def rendezvous(self, key: str, offer: dict | None = None) -> dict | None:
+        """A group's meeting point (a data-parallel trainer's ``MASTER_ADDR``/``MASTER_PORT``):
+        the first offer for ``key`` is kept and returned to everyone who asks; None until one
+        is made. A restarted group offers under a new key."""
+        with self._lock:
+            if offer is not None and key not in self._meet:
+                self._meet[key] = dict(offer)
+            got = self._meet.get(key)
+            return dict(got) if got is not None else None
 
     def forget(self, worker: str) -> None:
         """A worker is restarted: its old heartbeat no longer speaks for it."""

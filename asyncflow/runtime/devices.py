@@ -54,3 +54,48 @@ def resolve(device_kind: str, devices: list[int], use_ray: bool, uses_device: bo
               f"({torch.cuda.device_count()} visible): its engine runs on the CPU (said once per "
               "process)", file=sys.stderr)
     return {"gpus": gpus, "device": "cpu"}
+
+
+RENDEZVOUS_S = 120.0  # how long replicas > 0 wait for replica 0's address (then AF636)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_address(use_ray: bool) -> str:
+    """This node's address as other nodes reach it (Ray's view of it), 127.0.0.1 without Ray."""
+    if use_ray:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    return "127.0.0.1"
+
+
+def rendezvous(control, task: str, replica: int, generation: int, use_ray: bool,
+               timeout: float = RENDEZVOUS_S) -> dict:
+    """The meeting point of a data-parallel engine's replicas (``master_addr``,
+    ``master_port``; ``local_rank`` 0: each process sees its own devices): replica 0 offers its
+    node's address and a free port under ``(task, generation)``, the others wait for it (bounded;
+    a coded error names the task when replica 0 never comes). ``generation``: a restarted
+    group's new key, so no one meets the dead group's port."""
+    import time
+
+    key = f"{task}#{generation}"
+    offer = {"master_addr": node_address(use_ray), "master_port": free_port()} if replica == 0 else None
+    deadline = time.monotonic() + timeout
+    while True:
+        got = control.rendezvous(key, offer)
+        if got is not None:
+            return {**got, "local_rank": 0}
+        if time.monotonic() >= deadline:
+            from asyncflow.errors import TaskError
+            from types import SimpleNamespace
+
+            raise TaskError("AF636", SimpleNamespace(name=task, loc=""), replica=replica,
+                            waited=f"{timeout:g}")
+        time.sleep(0.1)

@@ -510,6 +510,10 @@ class Worker(ServeLoop, StepReads):
                                            getattr(cls, "uses_device", True), self.id)
             if self._device["device"]:
                 spec.extra["device"] = self._device["device"]
+            if getattr(cls, "distributed", False) and self.task.replicas > 1:
+                spec.extra.update(devices.rendezvous(
+                    self.control, self.task.name, self.wp.replica,
+                    int(self.opt.get("group_generation", 0)), self.use_ray))
             self.engine = cls(spec)
             self._check_prompt(spec)
             if self.loop == "train" and self.opt.get("resume_dir"):  # --resume

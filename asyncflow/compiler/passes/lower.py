@@ -33,7 +33,9 @@ WRITE lowering). Two separate functions build it:
      whatever its inputs' granularity: prompt replication, a group's samples are independent
      requests spread over the replicas); ``schedule: batch`` keeps the shape of rule 1 (whole
      groups when an input comes in groups). A ``consume: first_ready`` trainer's READs say so in
-     their note (the shape stays rule 1's; the runtime reads ``TaskPlan.consume``).
+     their note (the shape stays rule 1's; the runtime reads ``TaskPlan.consume``);
+  7. of a trainer's replicas (data parallel: identical weights after every step) only replica 0
+     PUBLISHes: the others' op lists have no PUBLISH.
 
 Every :class:`TaskPlan` carries its scheduling keys with the kind's defaults filled in, and the
 :class:`StepPlan` the groups a step launches (``launch_groups``) and the drop reasons whose groups
@@ -250,9 +252,12 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
             ops = overlap_rewrite(g, n, ops, {**sync_alpha, **wait_alpha.get(n, {})},
                                   grans.get(n, []))
         for w in m.get("workers", [{"id": f"{n}/0", "replica": 0, "bundles": [], "resources": {}}]):
+            # rule 7: of a data-parallel trainer's replicas (identical weights) only rank 0
+            # publishes; the others would send the same version again
+            mine = [o for o in ops if not (o.kind == "PUBLISH" and w["replica"] > 0)]
             workers.append(WorkerPlan(w["id"], n, w["replica"], d.pool, list(w["bundles"]),
                                       plain(w["resources"]),
-                                      [Op(**{**o.__dict__, "fields": list(o.fields)}) for o in ops],
+                                      [Op(**{**o.__dict__, "fields": list(o.fields)}) for o in mine],
                                       w.get("process") or w["id"], list(w.get("devices", []))))
     return Plan(
         pipeline=p.name, source_file=ctx.source_file, seed=p.seed,
