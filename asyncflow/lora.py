@@ -64,16 +64,30 @@ def resolve(spec: dict | None) -> dict:
 
 
 # ---------------------------------------------------------------------- runtime (torch, peft)
-def wrap(model, spec: dict, train: bool):
-    """``model`` with a fresh adapter ``spec`` (peft): B = 0, so it computes what ``model``
-    does until an adapter is trained or loaded. A trainer's base weights are frozen."""
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as e:  # pragma: no cover - peft is in the hf extra
-        raise ImportError("LoRA needs peft: pip install 'asyncflow[hf]' (or pip install peft)") from e
+def wrap(model, engine_spec, train: bool):
+    """``model`` with a fresh adapter, ``engine_spec.model["lora"]`` (peft): B = 0, so it
+    computes what ``model`` does until an adapter is trained or loaded. A trainer's base weights
+    are frozen. An adapter peft cannot put on the model (a ``target_modules`` name it does not
+    have) is AF653, located at the model's ``init``, naming the model's linear layers."""
+    from peft import LoraConfig, get_peft_model
+
+    spec = engine_spec.model["lora"]
     cfg = LoraConfig(r=spec["r"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
                      target_modules=spec["target_modules"], bias="none", task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, cfg)
+    try:
+        peft_model = get_peft_model(model, cfg)
+    except ValueError as e:  # peft's NoMatchingPeftModuleError among them
+        from types import SimpleNamespace
+
+        import torch
+
+        from asyncflow.errors import TaskError
+
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)})
+        at = SimpleNamespace(name=engine_spec.task, loc=engine_spec.model.get("loc", ""))
+        raise TaskError("AF653", at, model=engine_spec.model.get("name", "?"),
+                        reason=str(e).splitlines()[0], linear=", ".join(linear)) from None
     if not train:
         peft_model.requires_grad_(False)
     return peft_model
@@ -94,10 +108,6 @@ def load_adapter(model, state: dict) -> None:
     unexpected = list(getattr(res, "unexpected_keys", []) or [])
     if unexpected:
         raise KeyError(f"adapter tensors do not fit the model: unexpected {unexpected[:5]}")
-
-
-def is_adapter_state(state: Any) -> bool:
-    return isinstance(state, dict) and bool(state) and all("lora_" in k for k in state)
 
 
 def merged_copy(model):

@@ -101,3 +101,13 @@ print("diff", float((a - b).abs().max()), "moved", float((a - base).abs().max())
     assert out.returncode == 0, out.stderr[-2000:]
     diff, moved = (float(x) for x in out.stdout.split()[1::2])
     assert diff < 1e-4 and moved > 1e-3, out.stdout  # merged == base + adapter, and it trained
+
+
+def test_an_adapter_the_model_cannot_take_is_af653_naming_its_linear_layers():
+    from asyncflow.errors import TaskError
+
+    model = {**MODEL, "lora": {**LORA, "target_modules": ["qkv"]}, "loc": "p.yaml:6:11"}
+    with pytest.raises(TaskError) as e:
+        engine("train", {"lr": 1e-3}, loss="grpo", model=model)
+    assert e.value.code == "AF653" and e.value.loc == "p.yaml:6:11"
+    assert "qkv" in e.value.fields["reason"] and "q_proj" in e.value.fields["linear"]

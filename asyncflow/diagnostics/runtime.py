@@ -68,6 +68,9 @@ CODES = [
     Code("AF652", "bad-prompt",
          "task '{task}': a prompt must be a string or a list of {{role, content}} messages, "
          "not {got}"),
+    Code("AF653", "lora-unusable",
+         "model '{model}': its LoRA adapter cannot be put on the model: {reason} (the model's "
+         "linear layers: {linear})"),
     Code("AF660", "export-not-a-run", "{run_dir} is not a run directory: {why}"),
     Code("AF661", "export-no-step", "{run_dir}: {what}; {have}"),
     Code("AF662", "export-unreadable", "{run_dir}: {what} cannot be exported: {why}"),

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from asyncflow import lora
 from asyncflow.algos import loss_aggregation
 from asyncflow.engines import torch_common as tc
 from asyncflow.engines.base import Columns, EngineSpec
@@ -67,9 +68,7 @@ class HFEngine:
         # a LoRA adapter (asyncflow.lora): the trainer trains it, a rollout applies what it gets
         self.lora = dict(spec.model.get("lora") or {})
         if self.lora:
-            from asyncflow import lora
-
-            self.model = lora.wrap(self.model, self.lora, train=spec.kind == "train")
+            self.model = lora.wrap(self.model, spec, train=spec.kind == "train")
         self.model.to(self.device)
         self.critic = spec.kind == "value" or spec.loss == "value"
         self.value_head = None
@@ -407,8 +406,6 @@ class HFEngine:
         """A CPU state dict of cloned tensors (value head under ``value_head.*``); with a LoRA
         adapter, the adapter's tensors only (what a sync sends: asyncflow.lora)."""
         if self.lora:
-            from asyncflow import lora
-
             state = lora.adapter_state(self.model)
         else:
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -420,8 +417,6 @@ class HFEngine:
     def _load_state(self, state: dict) -> None:
         model_state = {k: v for k, v in state.items() if not k.startswith(VALUE_HEAD)}
         if self.lora:  # an adapter from a LoRA trainer (asyncflow.lora)
-            from asyncflow import lora
-
             lora.load_adapter(self.model, model_state)
             missing, unexpected = [], []
         else:
@@ -441,13 +436,8 @@ class HFEngine:
         from asyncflow import models
 
         os.makedirs(directory, exist_ok=True)
-        if self.lora:  # the merged model as the directory, the adapter beside it
-            from asyncflow import lora
-
-            models.save((lora.merged_copy(self.model), self.tokenizer), directory)
-            lora.save_adapter(self.model, os.path.join(directory, "adapter"))
-        else:
-            models.save((self.model, self.tokenizer), directory)
+        models.save((self._plain_model(), self.tokenizer), directory)
+        self._save_adapter(directory)
         self._save_value_head(directory)
         torch.save({
             "weights": self.export_weights(),
@@ -470,14 +460,18 @@ class HFEngine:
         The engine's own weights are not changed."""
         from asyncflow.hfdir import write_hf
 
-        if self.lora:  # the merged model (loads without peft) and the adapter in adapter/
-            from asyncflow import lora
+        write_hf(directory, self._plain_model(), self.tokenizer, dtype, value_head=self.value_head)
+        self._save_adapter(directory)
 
-            write_hf(directory, lora.merged_copy(self.model), self.tokenizer, dtype,
-                     value_head=self.value_head)
+    def _plain_model(self):
+        """The model as transformers saves it: with a LoRA adapter, a copy with the adapter
+        merged into its weights (loads without peft); the engine's own model is not changed."""
+        return lora.merged_copy(self.model) if self.lora else self.model
+
+    def _save_adapter(self, directory: str) -> None:
+        """A LoRA adapter beside the model it was merged into: ``directory/adapter`` (peft's)."""
+        if self.lora:
             lora.save_adapter(self.model, os.path.join(directory, "adapter"))
-            return
-        write_hf(directory, self.model, self.tokenizer, dtype, value_head=self.value_head)
 
     def load(self, directory: str) -> None:
         state = torch.load(os.path.join(directory, STATE_FILE), weights_only=True)

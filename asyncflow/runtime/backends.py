@@ -317,12 +317,15 @@ class WorkerProcess:
 
 
 def check_feasible(plan, nodes: list[dict]) -> None:
-    """Fail at once (AF604, at the pool in the pipeline file) when a pool's bundle asks for a
-    GPU or a custom resource that no node of the cluster has: Ray would otherwise wait for the
-    placement group forever. CPU slots are not checked: they are scaled down to fit (sim)."""
-    from asyncflow.diagnostics import error
-    from asyncflow.loc import Sources
-
+    """Fail at once, located at the pool in the pipeline file, when a pool's bundle asks for a
+    GPU or a custom resource that no node of the cluster has (AF604), or when the pools ask for
+    more of one than the whole cluster has (AF609): Ray would otherwise wait for the placement
+    group forever. CPU slots are not checked: they are scaled down to fit (sim)."""
+    total: dict[str, float] = {}  # the cluster's resources, summed over its nodes
+    for n in nodes:
+        for k, v in n.items():
+            total[k] = total.get(k, 0.0) + float(v)
+    used: dict[str, float] = {}
     for pool in plan.pools:
         for b in pool.bundles:
             for res, need in b.resources.items():
@@ -331,40 +334,37 @@ def check_feasible(plan, nodes: list[dict]) -> None:
                     continue
                 have = max((float(n.get(res, 0)) for n in nodes), default=0.0)
                 if have + 1e-9 < need:
-                    cluster = {}
-                    for n in nodes:
-                        for k, v in n.items():
-                            if not k.startswith(("node:", "memory", "object_store_memory")):
-                                cluster[k] = cluster.get(k, 0) + float(v)
                     hint = ("no GPU is visible: run with --device-kind cpu (the default 'auto' "
                             "picks CPU slots when there is no GPU)" if res == "GPU" else
                             f"start a node with `ray start --resources '{{\"{res}\": {need:g}}}'`"
                             " or remove the pool's resources entry")
-                    loc = source_loc(pool.loc, plan.source_file or "<plan>", len(pool.name))
-                    sources = Sources()  # the error quotes the pool's line
-                    sources.add_file(loc.file)
-                    raise error("AF604", loc, hint, sources=sources, pool=pool.name,
-                                need=need, resource=res, have=have,
-                                cluster=", ".join(f"{k} {v:g}" for k, v in sorted(cluster.items())))
-    total: dict[str, float] = {}  # AF609: every bundle fits a node, but not all of them at once
-    for n in nodes:
-        for k, v in n.items():
-            total[k] = total.get(k, 0.0) + float(v)
-    used: dict[str, float] = {}
-    for pool in plan.pools:
+                    cluster = ", ".join(f"{k} {v:g}" for k, v in sorted(total.items())
+                                        if not k.startswith(("node:", "memory", "object_store_memory")))
+                    raise _pool_error(plan, pool, "AF604", hint, need=need, resource=res,
+                                      have=have, cluster=cluster)
+    for pool in plan.pools:  # every bundle fits a node: do all of them fit the cluster?
         for b in pool.bundles:
             for res, need in b.resources.items():
                 if res == "CPU" or float(need or 0) <= 0:
                     continue
                 used[res] = used.get(res, 0.0) + float(need)
                 if used[res] > total.get(res, 0.0) + 1e-9:
-                    loc = source_loc(pool.loc, plan.source_file or "<plan>", len(pool.name))
-                    sources = Sources()
-                    sources.add_file(loc.file)
-                    rest = sum(float(x.resources.get(res, 0) or 0) for p in plan.pools for x in p.bundles)
-                    raise error("AF609", loc, f"give the pools fewer devices, or add nodes with "
-                                f"{res}", sources=sources, pool=pool.name, need=rest,
-                                resource=res, have=total.get(res, 0.0))
+                    need_all = sum(float(x.resources.get(res, 0) or 0)
+                                   for p in plan.pools for x in p.bundles)
+                    raise _pool_error(plan, pool, "AF609", "give the pools fewer devices, or "
+                                      f"add nodes with {res}", need=need_all, resource=res,
+                                      have=total.get(res, 0.0))
+
+
+def _pool_error(plan, pool, code: str, hint: str, **fields):
+    """A runtime error located at ``pool`` in the pipeline file, quoting its line."""
+    from asyncflow.diagnostics import error
+    from asyncflow.loc import Sources
+
+    loc = source_loc(pool.loc, plan.source_file or "<plan>", len(pool.name))
+    sources = Sources()
+    sources.add_file(loc.file)
+    return error(code, loc, hint, sources=sources, pool=pool.name, **fields)
 
 
 def source_loc(text: str, fallback: str = "<plan>", width: int = 0):
