@@ -162,3 +162,29 @@ def test_only_replica_0_of_a_trainer_publishes():
                         device_kind="cpu")
     ops = {w.id: [o.kind for o in w.ops] for w in plan.workers}
     assert "PUBLISH" in ops["update/0"] and "PUBLISH" not in ops["update/1"]
+
+
+def test_local_backend_pools_must_fit_the_machines_gpus(monkeypatch, tmp_path):
+    """Without Ray, where torch sees CUDA devices but fewer than the pools need (3 here: gen 2,
+    learn 1), the run stops with AF609 at the pool that runs out, located in the file, before
+    any worker starts (a worker on cuda:2 of a 2-GPU machine would otherwise run on the CPU).
+    torch's device count is what the machine reports; here it is set to 2 and 3."""
+    import dataclasses
+
+    import torch
+
+    from asyncflow.errors import AsyncflowError
+    from asyncflow.runtime.backends import LocalBackend
+
+    path = tmp_path / "devices.yaml"
+    path.write_text(SIM_TRAIN)
+    plan = compile_text(SIM_TRAIN, str(path), device_kind="gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(AsyncflowError) as e:
+        LocalBackend._check_devices(dataclasses.asdict(plan))
+    text = str(e.value)
+    assert "AF609" in text and "the pools need 3 GPU in all, and pool 'learn' is where this " \
+        "machine's 2 run out" in text and "devices.yaml:" in text, text
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    LocalBackend._check_devices(dataclasses.asdict(plan))  # fits: no error

@@ -20,8 +20,26 @@ pytestmark = [pytest.mark.gpu,
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _fit(tmp_path, pipeline: str) -> Path:
+    """The shipped pipeline, or on a machine of one GPU a copy with every task on one pool
+    (colocated on the one device: the pipelines' two pools need two GPUs, AF609)."""
+    src = ROOT / "pipelines" / pipeline
+    if torch.cuda.device_count() >= 2:
+        return src
+    import yaml
+
+    doc = yaml.safe_load(src.read_text())
+    doc["pools"] = {"gpu": {"devices": 1}}
+    for task in doc["tasks"].values():
+        if "pool" in task:
+            task["pool"] = "gpu"
+    out = tmp_path / pipeline
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
 def _run(tmp_path, pipeline: str, *args: str, timeout: float = 600):
-    cmd = [sys.executable, "-m", "asyncflow.cli", "run", str(ROOT / "pipelines" / pipeline),
+    cmd = [sys.executable, "-m", "asyncflow.cli", "run", str(_fit(tmp_path, pipeline)),
            "--out", str(tmp_path / "run"), "--quiet", "--device-kind", "gpu", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -40,8 +58,23 @@ def test_main_job_in_bfloat16_on_the_gpu(tmp_path, backend):
         assert str(workers[wid]["device"]).startswith("cuda"), workers[wid]
     if backend == "ray":  # Ray's GPU ids: the colocated generate and ref share one
         assert workers["generate/0"]["gpus"] == workers["ref/0"]["gpus"] and workers["generate/0"]["gpus"]
+        if torch.cuda.device_count() == 1:  # and on one GPU, the trainer too
+            assert workers["update/0"]["gpus"] == workers["generate/0"]["gpus"]
     final = json.loads((tmp_path / "run" / "final" / "policy" / "asyncflow_export.json").read_text())
     assert final["dtype"] == "bfloat16"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly one GPU")
+def test_pools_that_need_more_gpus_than_the_machine_has(tmp_path):
+    """Two pools of one GPU each on a machine of one, without Ray: AF609 at the pool that runs
+    out (not a worker placed on cuda:1 quietly falling back to the CPU)."""
+    cmd = [sys.executable, "-m", "asyncflow.cli", "run", str(ROOT / "pipelines" / "grpo_digits.yaml"),
+           "--out", str(tmp_path / "run"), "--quiet", "--device-kind", "gpu", "--backend", "local",
+           "--steps", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "AF609 the pools need 2 GPU in all, and pool 'train' is where this machine's 1 run out" \
+        in r.stderr + r.stdout, r.stderr[-3000:]
 
 
 def test_lora_on_the_gpu(tmp_path):

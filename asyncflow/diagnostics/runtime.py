@@ -12,7 +12,7 @@ CODES = [
          "{have:,}, but {steps} steps x {pps} prompts need {need:,} (epochs >= {passes})"),
     Code("AF607", "data-split", "data source '{name}' ({source}): {problem}"),
     Code("AF609", "cluster-too-small",
-         "the pools need {need:g} {resource} in all, and pool '{pool}' is where the Ray cluster's "
+         "the pools need {need:g} {resource} in all, and pool '{pool}' is where {where} "
          "{have:g} run out"),
     Code("AF608", "cluster-unreachable",
          "cannot join the Ray cluster at {address}: {why}"),

@@ -231,10 +231,30 @@ class LocalBackend:
     def start(self, plan_dict: dict, worker_ids: list[str], store, control, t0: float,
               options: dict) -> None:
         self._args = (plan_dict, store, control, t0)
+        self._check_devices(plan_dict)
         for wid in worker_ids:
             self._make(wid, options.get("per_worker", {}).get(wid, options))
         for wid in worker_ids:
             self.threads[wid].start()
+
+    @staticmethod
+    def _check_devices(plan_dict: dict) -> None:
+        """On a GPU plan where torch sees CUDA devices, the pools must fit them (AF609, as on
+        Ray): a worker placed on ``cuda:N`` past the last device would otherwise fall back to
+        the CPU. Where torch sees none, the engines run on the CPU (the CPU twin; devices.py)."""
+        if plan_dict.get("device_kind") != "GPU" or not any(
+                w.get("devices") for w in plan_dict.get("workers", [])):
+            return
+        try:
+            import torch
+        except ImportError:  # no engine here can use a device either
+            return
+        if not torch.cuda.is_available():
+            return
+        from asyncflow.plan import Plan
+
+        check_feasible(Plan.from_dict(plan_dict), [{"GPU": float(torch.cuda.device_count())}],
+                       where="this machine's")
 
     def _make(self, wid: str, options: dict) -> None:
         from asyncflow.runtime.worker import Worker
@@ -316,7 +336,7 @@ class WorkerProcess:
         return w.stack() if w is not None else ""
 
 
-def check_feasible(plan, nodes: list[dict]) -> None:
+def check_feasible(plan, nodes: list[dict], where: str = "the Ray cluster's") -> None:
     """Fail at once, located at the pool in the pipeline file, when a pool's bundle asks for a
     GPU or a custom resource that no node of the cluster has (AF604), or when the pools ask for
     more of one than the whole cluster has (AF609): Ray would otherwise wait for the placement
@@ -353,7 +373,7 @@ def check_feasible(plan, nodes: list[dict]) -> None:
                                    for p in plan.pools for x in p.bundles)
                     raise _pool_error(plan, pool, "AF609", "give the pools fewer devices, or "
                                       f"add nodes with {res}", need=need_all, resource=res,
-                                      have=total.get(res, 0.0))
+                                      have=total.get(res, 0.0), where=where)
 
 
 def _pool_error(plan, pool, code: str, hint: str, **fields):
