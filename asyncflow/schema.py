@@ -167,6 +167,14 @@ KEY_DOCS: dict[str, dict[str, str]] = {
         "to": "The task that receives them (it must use the model the train task updates).",
         "max_staleness": "How many versions behind a sample's policy may be when it is trained "
                          "on: 0 is synchronous, on-policy.",
+        "via": "How the weights travel: collective (torch.distributed broadcasts in buckets "
+               "from the trainer into the receiver's engine: NCCL between GPUs, gloo otherwise) "
+               "or store (one copy in Ray's object store per version). Default: collective "
+               "where both tasks run torch engines (hf, deepspeed, vllm) on the Ray backend, "
+               "store otherwise.",
+        "bucket_mb": "Collective only: the size of one broadcast bucket in MB. Default 128.",
+        "delta": "Collective only: send per tensor only the elements that changed since the "
+                 "version the receiver holds (nothing for an unchanged tensor). Default false.",
     },
 }
 

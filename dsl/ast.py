@@ -121,6 +121,9 @@ class SyncDef:
     src: str  # written `from`
     dst: str  # written `to`
     max_staleness: int
+    via: str | None = None  # collective | store; None: the compiler's default (lower)
+    bucket_mb: float | None = None  # collective: bucket size in MB; None: 128
+    delta: bool = False  # collective: send only what changed since the replica's version
     loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()
 

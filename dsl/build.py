@@ -71,6 +71,9 @@ TASK = {
 SYNC = {
     "from": Key("name", required=True, attr="src"), "to": Key("name", required=True, attr="dst"),
     "max_staleness": Key("int", required=True, min=0),
+    # how the weights travel (asyncflow.runtime.collective): unset is resolved by the compiler
+    "via": Key("choice", choices=("collective", "store")),
+    "bucket_mb": Key("num", min=0.001), "delta": Key("bool", default=False),
 }
 # evaluation during training (docs/language.md, "Evaluation"): cross-references are AF384-AF389
 EVAL = {

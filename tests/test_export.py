@@ -61,9 +61,21 @@ def run(tmp_path_factory):
     driver = Driver(plan, "local", out_dir=out, steps=STEPS, checkpoint_every=1,
                     keep_checkpoints=1)
     result = driver.run()
-    version, box = driver.control.board.newer({"policy": 0})["policy"]
+    version, weights = _published(driver)
     assert version == STEPS
-    return out, box[0], result
+    return out, weights, result
+
+
+def _published(driver) -> tuple[int, dict]:
+    """The newest version of the policy on the board, and its weights: in the board's entry
+    (via: store) or served by the trainer's collective endpoint (via: collective)."""
+    version, box = driver.control.board.newer({"policy": 0})["policy"]
+    if "store" in box[0]:
+        return version, box[0]["store"]
+    trainer = next(w for w in driver.backend.workers.values() if w.publisher is not None)
+    served, weights = trainer.publisher.latest("policy")
+    assert served == version
+    return version, weights
 
 
 def _weights(directory: str) -> dict:
@@ -356,11 +368,11 @@ def test_a_bfloat16_model_is_exported_in_bfloat16(tmp_path):
     final = result.exports["policy"]["dir"]
     assert result.exports["policy"]["dtype"] == "bfloat16"
     assert json.load(open(os.path.join(final, "config.json")))["dtype"] == "bfloat16"
-    _, box = driver.control.board.newer({"policy": 0})["policy"]
+    _, published = _published(driver)
     w = _weights(final)
     assert all(t.dtype == torch.bfloat16 for t in w.values())
     for name, t in w.items():
-        assert torch.equal(t, box[0][name].to(torch.bfloat16)), name
+        assert torch.equal(t, published[name].to(torch.bfloat16)), name
     assert AutoModelForCausalLM.from_pretrained(final).dtype == torch.bfloat16
 
 

@@ -62,6 +62,21 @@ def test_main_job_in_bfloat16_on_the_gpu(tmp_path, backend):
             assert workers["update/0"]["gpus"] == workers["generate/0"]["gpus"]
     final = json.loads((tmp_path / "run" / "final" / "policy" / "asyncflow_export.json").read_text())
     assert final["dtype"] == "bfloat16"
+    if backend == "ray":  # the weights went through the collective (gloo: one GPU, or NCCL)
+        assert sum(r.get("sync_bytes", 0) for r in rows) > 0
+
+
+def test_weight_sync_benchmark_on_the_gpu(tmp_path):
+    """benchmarks/weight_sync.py with both ends' weights on the GPU: every method leaves the
+    rollout's weights equal to the trainer's (exit 0); the table is in the output."""
+    out = tmp_path / "ws.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "weight_sync.py"), "--device",
+                        "cuda", "--sizes", "1", "10", "--syncs", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    print(r.stdout[-3000:])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert all(row["rollout_equals_trainer"] for row in rows) and len(rows) == 12
 
 
 @pytest.mark.skipif(torch.cuda.device_count() != 1, reason="needs exactly one GPU")

@@ -45,8 +45,8 @@ SETS = [
 ]
 
 
-def _plan():
-    return compile_file(PIPELINE, sets=SETS)
+def _plan(via: str = "store"):
+    return compile_file(PIPELINE, sets=[*SETS, f"sync.0.via={via}"])
 
 
 def _sync_loop(plan):
@@ -89,11 +89,12 @@ def _worker(driver, task):
 
 
 @pytest.mark.engine
-def test_alpha0_weight_sync_is_bit_identical_to_sync_loop():
+@pytest.mark.parametrize("via", ["store", "collective"])
+def test_alpha0_weight_sync_is_bit_identical_to_sync_loop(via):
     # engines are built concurrently by the worker threads: asyncflow.models serialises the
     # seeded model builds and transformers' lazy imports (without that, this test failed)
-    plan = _plan()
-    assert plan.sync[0].max_staleness == 0
+    plan = _plan(via)
+    assert plan.sync[0].max_staleness == 0 and plan.sync[0].via == via
     driver = Driver(plan, "local")
     result = driver.run()
     assert [m["step"] for m in result.metrics] == list(range(STEPS))
@@ -106,9 +107,17 @@ def test_alpha0_weight_sync_is_bit_identical_to_sync_loop():
     # generate), so it may end on STEPS - 1; its per-step responses are compared below
     assert rt_gen.version in (STEPS - 1, STEPS)
     rt_gen_w = rt_gen.export_weights() if rt_gen.version == STEPS else None
-    # the board's newest version is what the rollout adopted
+    # the board's newest version is what the rollout adopted: the weights themselves (store),
+    # or the trainer's collective endpoint, which serves its newest snapshot
     version, box = driver.control.board._latest["policy"]
     assert version == STEPS
+    if via == "store":
+        published = box[0]["store"]
+    else:
+        assert set(box[0]) == {"collective"} and box[0]["collective"]["version"] == STEPS
+        sender = _worker(driver, "update").publisher.senders["policy"]
+        published = sender.latest()[1]
+        assert sender.served and all(r["backend"] == "gloo" for r in sender.served)
 
     # rollouts the runtime generated, per step, in row order (from the store's snapshot)
     sps = plan.step.samples_per_step
@@ -128,7 +137,7 @@ def test_alpha0_weight_sync_is_bit_identical_to_sync_loop():
         assert torch.equal(rt_train[name], t), f"trainer tensor {name} differs"
         if rt_gen_w is not None:
             assert torch.equal(rt_gen_w[name], t), f"rollout tensor {name} differs"
-        assert torch.equal(box[0][name], t), f"published tensor {name} differs"
+        assert torch.equal(published[name], t), f"published tensor {name} differs"
     # and training moved the weights (the comparison is not vacuous)
     init = type(upd)(engine_spec(plan, plan.task("update"), 0)).export_weights()
     assert any(not torch.equal(init[n], want[n]) for n in want)

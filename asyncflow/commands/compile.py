@@ -129,10 +129,12 @@ def plan_tables(plan):
                       str(ch.staleness), str(ch.capacity))
 
     sync = Table(title="weight sync", title_justify="left")
-    for col in ("from", "to", "model", "max_staleness", "mode"):
+    for col in ("from", "to", "model", "max_staleness", "mode", "via"):
         sync.add_column(col)
     for s in plan.sync:
-        sync.add_row(s.src, s.dst, s.model, str(s.max_staleness), s.mode)
+        via = s.via if s.via == "store" else (
+            f"collective, {s.bucket_bytes / 2**20:g} MB buckets" + (", delta" if s.delta else ""))
+        sync.add_row(s.src, s.dst, s.model, str(s.max_staleness), s.mode, via)
 
     sched = scheduling_table(plan)
 
@@ -262,6 +264,9 @@ def register(app: typer.Typer) -> None:
                           "placement, overlap, lower, cost) and stop"),
                  device_kind: str = typer.Option("auto", "--device-kind",
                                                  help="what a pool device is: gpu, cpu or auto"),
+                 backend: str = typer.Option("ray", "--backend",
+                                             help="the backend the plan is for (ray or local): "
+                                                  "a sync edge's default via depends on it"),
                  closed_form: bool = typer.Option(
                      False, "--closed-form", help="estimate with the cost pass's closed form "
                      "only (by default the estimate is simulated: asyncflow simulate)")) -> None:
@@ -273,6 +278,8 @@ def register(app: typer.Typer) -> None:
 
         if device_kind.lower() not in DEVICE_KINDS:
             usage_error(f"--device-kind must be one of {', '.join(DEVICE_KINDS)}")
+        if backend not in ("ray", "local"):
+            usage_error("--backend must be ray or local")
         if dump_after is not None:  # `build_ir` and `build-ir` name the pass `build IR`
             dump_after = {n.lower().replace(" ", "_"): n for n in PASS_NAMES}.get(
                 dump_after.lower().replace("-", "_").replace(" ", "_"), dump_after)
@@ -283,7 +290,7 @@ def register(app: typer.Typer) -> None:
         ctx = Context()
         try:
             result = compile_file(file, set_ or (), device_kind=device_kind.lower(),
-                                  dump_after=dump_after, ctx=ctx)
+                                  backend=backend, dump_after=dump_after, ctx=ctx)
         finally:
             for d in ctx.diags.items:
                 if d.severity != "error":

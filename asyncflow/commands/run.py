@@ -110,7 +110,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--device-kind must be auto, gpu or cpu, not {device_kind!r}")
         if device_kind == "auto" and address is None and not _gpu_visible():
             device_kind = "cpu"  # a GPU bundle could never be placed on this machine
-        plan = compile_file(file, sets=tuple(set_ or ()), device_kind=device_kind)  # UserError -> exit 2
+        plan = compile_file(file, sets=tuple(set_ or ()), device_kind=device_kind,
+                            backend=backend)  # UserError -> exit 2
         import copy
 
         from asyncflow.runtime.driver import parse_inject

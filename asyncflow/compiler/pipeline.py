@@ -71,21 +71,23 @@ def display_path(path: str | os.PathLike) -> str:
 
 
 def compile_file(path: str | os.PathLike, sets: Sequence[str] = (), *, device_kind: str = "auto",
-                 dump_after: str | None = None, ctx: Context | None = None,
+                 backend: str = "ray", dump_after: str | None = None, ctx: Context | None = None,
                  verify: bool = False, stop_after: str | None = None) -> Plan | str:
     """Compile a pipeline file to a Plan (or, with ``dump_after``, the text after that pass)."""
     ctx = ctx or Context()
     ctx.sets, ctx.device_kind, ctx.source_file = tuple(sets), device_kind, display_path(path)
+    ctx.backend = backend
     return run_passes(ALL, (str(path), None), ctx, dump_after=dump_after, verify_graphs=verify,
                        stop_after=stop_after)
 
 
 def compile_text(text: str, path: str = "<text>.yaml", sets: Sequence[str] = (), *,
-                 device_kind: str = "auto", dump_after: str | None = None,
+                 device_kind: str = "auto", backend: str = "ray", dump_after: str | None = None,
                  ctx: Context | None = None, verify: bool = False, stop_after: str | None = None) -> Plan | str:
     """Compile source text; ``path``'s suffix picks the front end."""
     ctx = ctx or Context()
     ctx.sets, ctx.device_kind, ctx.source_file = tuple(sets), device_kind, display_path(path)
+    ctx.backend = backend
     return run_passes(ALL, (path, text), ctx, dump_after=dump_after, verify_graphs=verify,
                        stop_after=stop_after)
 

@@ -32,6 +32,7 @@ class Context:
     diags: Diagnostics = field(default_factory=Diagnostics)
     sets: Sequence[str] = ()
     device_kind: str = "auto"  # auto | gpu | cpu (auto: GPU only if an engine needs one)
+    backend: str = "ray"  # ray | local: what a sync edge's via defaults to (lower)
     source_file: str = ""  # as recorded in the plan (relative where possible)
     pipeline: Any = None  # the AST, once parsed (passes after lower read locations from it)
 

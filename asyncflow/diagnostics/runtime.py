@@ -80,6 +80,11 @@ CODES = [
     Code("AF636", "rendezvous-timeout",
          "task '{task}': replica {replica} waited {waited} s for replica 0 to open the "
          "data-parallel group (its address and port) and it never did"),
+    Code("AF638", "weight-sync-peer-lost",
+         "worker {task} could not receive model '{model}' through its collective edge from the "
+         "trainer at {at} for {waited} s ({error}): the trainer's process is gone or unreachable "
+         "from this node (check that the nodes reach each other on any port), or set via: store "
+         "on the sync edge"),
     Code("AF635", "refill-starved",
          "filter {tasks} dropped {groups} groups since the last train step, more than {rounds} "
          "steps' launches: with refill: true new prompts would be fed for ever; check the filter "

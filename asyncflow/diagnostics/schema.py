@@ -1,6 +1,6 @@
 """AF2xx: keys and values of one section (unknown, missing, wrong type)."""
-from asyncflow.diagnostics import Code
-from asyncflow.diagnostics.examples import mutate
+from asyncflow.diagnostics import Code, Example
+from asyncflow.diagnostics.examples import BASE, mutate
 
 CODES = [
     Code("AF201", "unknown-key", "unknown key '{key}' in {where}",
@@ -72,4 +72,14 @@ CODES = [
          (mutate("    args: {layers: 2, hidden: 64}\n  reference:",
                  "    args: {layers: 2, hidden: 64}\n    lora: {r: 4}\n  reference:",
                  at="deepspeed", sets=("tasks.update.engine=deepspeed",), in_set=True),)),
+    # -- how weights travel (asyncflow.runtime.collective; validate's rule 2) ----------------------
+    Code("AF216", "sync-method",
+         "sync edge {edge} ({src} -> {dst}): {problem}",
+         (mutate("max_staleness: 1}", "max_staleness: 1, via: store, delta: true}",
+                 at="true}"),
+          Example(BASE.replace("    engine: hf\n    model: policy\n    pool: rollout",
+                               "    engine: sim\n    model: policy\n    pool: rollout")
+                  .replace("args: {max_new_tokens: 8}", "args: {}")
+                  .replace("max_staleness: 1}", "max_staleness: 1, via: collective}"),
+                  "collective"))),
 ]

@@ -237,6 +237,18 @@ class HFEngine:
         self._load_state(weights)
         self.version = int(version)
 
+    def update_weights_stream(self, chunks, version: int, partial: bool = False) -> None:
+        """Load a trainer's weights bucket by bucket as a collective delivers them
+        (asyncflow.runtime.collective); ``partial``: only the tensors that changed (a delta
+        sync), else the buckets together must cover the model."""
+        seen: set = set()
+        for chunk in chunks:
+            self._load_state(chunk, partial=True)
+            seen.update(chunk)
+        if not partial:
+            self._check_names(seen)
+        self.version = int(version)
+
     # ------------------------------------------------------------------ Scorer
 
     @torch.no_grad()
@@ -414,13 +426,29 @@ class HFEngine:
                 state[VALUE_HEAD + k] = v.detach().to("cpu", copy=True)
         return state
 
-    def _load_state(self, state: dict) -> None:
+    def _check_names(self, names: set) -> None:
+        """The names a streamed update sent cover the model (and nothing else)."""
+        if self.lora:
+            expected = set(lora.adapter_state(self.model))
+        else:
+            expected = set(self.model.state_dict())
+        if self.value_head is not None:
+            expected |= {VALUE_HEAD + k for k in self.value_head.state_dict()}
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        missing, unexpected = expected - names - tied, names - expected
+        if missing or unexpected:
+            raise KeyError(f"weights do not fit the model: missing {sorted(missing)}, "
+                           f"unexpected {sorted(unexpected)}")
+
+    def _load_state(self, state: dict, partial: bool = False) -> None:
         model_state = {k: v for k, v in state.items() if not k.startswith(VALUE_HEAD)}
         if self.lora:  # an adapter from a LoRA trainer (asyncflow.lora)
             lora.load_adapter(self.model, model_state)
             missing, unexpected = [], []
         else:
             missing, unexpected = self.model.load_state_dict(model_state, strict=False)
+        if partial:
+            missing = []
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         if set(missing) - tied or unexpected:
             raise KeyError(f"weights do not fit the model: missing {sorted(set(missing) - tied)}"
@@ -428,7 +456,7 @@ class HFEngine:
         if self.value_head is not None:
             head = {k[len(VALUE_HEAD):]: v for k, v in state.items() if k.startswith(VALUE_HEAD)}
             if head:
-                self.value_head.load_state_dict(head)
+                self.value_head.load_state_dict(head, strict=not partial)
 
     def save(self, directory: str) -> None:
         """Model (as a local HF directory, usable as a model ``init``), value head, optimizer,

@@ -196,6 +196,11 @@ class SyncPlan:
     max_staleness: int
     mode: str  # "deferred" (adopt between requests) | "blocking" (staleness 0: step barrier)
     publish_every: int = 1  # the trainer publishes after every this many steps
+    # how the weights travel (asyncflow.runtime.collective): "store" (Ray's object store, or the
+    # board itself without Ray) | "collective" (torch.distributed broadcasts, in buckets)
+    via: str = "store"
+    bucket_bytes: int = 128 << 20  # collective: one broadcast bucket at most
+    delta: bool = False  # collective: only what changed since the receiver's version
 
 
 @dataclass

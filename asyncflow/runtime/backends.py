@@ -276,6 +276,9 @@ class LocalBackend:
 
     def restart(self, wid: str, options: dict) -> None:
         """A new worker (thread) for ``wid``, which ended (crashed, died)."""
+        old = self.workers.get(wid)
+        if old is not None:
+            old.close_sync()
         self._make(wid, options)
         self.results.pop(wid, None)
         self.threads[wid].start()
@@ -303,7 +306,8 @@ class LocalBackend:
             th.join(max(0.0, deadline - time.time()))
 
     def shutdown(self, keep_ray: bool = False) -> None:
-        pass
+        for w in self.workers.values():
+            w.close_sync()
 
 
 # ---------------------------------------------------------------------------------------- ray

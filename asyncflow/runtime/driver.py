@@ -849,6 +849,7 @@ class Driver:
             queue = {}
         n_drop = sum(v for k, v in drops.items() if k not in ("filter", "redundant"))
         stats = c.get("stats") or {}
+        sync_bytes = sum(int(v.get("sync_bytes", 0)) for v in stats.values())
         row = {
             "step": s, "version": rep["version"], "time": round(now - t0, 6),
             "step_time": round(window, 6), "samples": len(rows),
@@ -865,6 +866,9 @@ class Driver:
             "bubble_fraction": round(bubble, 4) if bubble is not None else None,
             "queue_depth": queue, "exposed_sync_s": round(exposed_s, 6),
         }
+        if sync_bytes:  # bytes the collective edges delivered since the last step
+            row["sync_bytes"] = sync_bytes - last.get("sync_bytes", 0)
+            last["sync_bytes"] = sync_bytes
         for task, r in sorted(reps.items()):
             for k, v in r["metrics"].items():
                 key = k if task == primary else f"{task}/{k}"

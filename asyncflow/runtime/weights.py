@@ -116,35 +116,49 @@ class FlatWeights:
                 for name, dtype, shape, o, n in self.table}
 
 
-def box_weights(weights: Any, use_ray: bool) -> list:
-    """Box the weights for the board; on Ray put them in the object store once (a state dict
-    of CPU tensors as :class:`FlatWeights`)."""
+def box_weights(weights: Any, use_ray: bool) -> Any:
+    """The store's payload: on Ray the weights put in the object store once (a state dict of
+    CPU tensors as :class:`FlatWeights`), without Ray the weights themselves."""
     if use_ray:
         import ray
 
         flat = FlatWeights.pack(weights)
-        return [ray.put(flat if flat is not None else weights)]
-    return [weights]
+        return ray.put(flat if flat is not None else weights)
+    return weights
 
 
-def unbox_weights(box: list, use_ray: bool) -> Any:
+def unbox_weights(payload: Any, use_ray: bool) -> Any:
     if use_ray:
         import ray
 
-        got = ray.get(box[0], timeout=float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120")))
+        got = ray.get(payload, timeout=float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120")))
         return got.unpack() if isinstance(got, FlatWeights) else got
-    return box[0]
+    return payload
+
+
+# A board entry ("box") is a one-element list (Ray passes an object reference inside it through
+# actor calls instead of resolving it) holding {"store": payload} and/or {"collective":
+# descriptor}, one per way the trainer's sync edges send the model (SyncPlan.via).
 
 
 class Adopter:
-    """A worker's view of the models it receives: adopts the newest version between requests."""
+    """A worker's view of the models it receives: adopts the newest version between requests,
+    each model the way its sync edge says (``vias``: model -> "store" | "collective")."""
 
-    def __init__(self, engine, models: list[str], use_ray: bool):
+    def __init__(self, engine, models: list[str], use_ray: bool, vias: dict | None = None,
+                 replica: str = "", delta: dict | None = None):
         self.engine = engine
         self.known: dict[str, int] = {m: 0 for m in models}
         self.use_ray = use_ray
+        self.vias = dict(vias or {})
+        self.delta = dict(delta or {})
+        self.replica = replica
+        self.receivers: dict = {}  # model -> collective.Receiver
         self.exposed_s = 0.0  # seconds blocked on fetch + update_weights, cumulative
+        self.bytes = 0  # bytes received through collectives, cumulative
         self.adoptions: list[tuple[str, int, float, float]] = []  # (model, version, start, end)
+        self._failing: dict[str, float] = {}  # model -> when its collective fetches began failing
+        self.last_error = ""  # the last failed collective fetch, as text
 
     @property
     def version(self) -> int:
@@ -158,10 +172,17 @@ class Adopter:
             if version <= self.known.get(model, -1):
                 continue
             t = time.time()
-            weights = unbox_weights(box, self.use_ray)
-            update = getattr(self.engine, "update_weights", None)
-            if update is not None:
-                update(weights, version)
+            entry = box[0]
+            if self.vias.get(model) == "collective" and "collective" in entry:
+                got = self._fetch(model, entry["collective"])
+                if got is None:
+                    continue
+                version = got
+            else:
+                weights = unbox_weights(entry["store"], self.use_ray)
+                update = getattr(self.engine, "update_weights", None)
+                if update is not None:
+                    update(weights, version)
             end = time.time()
             self.exposed_s += end - t
             self.adoptions.append((model, version, t, end))
@@ -169,13 +190,94 @@ class Adopter:
             took = True
         return took
 
+    def _fetch(self, model: str, desc: dict) -> int | None:
+        """One collective sync of ``model``: the version taken, or None after a failure that
+        may pass (a trainer restarting: the next heartbeat offers its new address); AF638 once
+        fetches have failed for longer than the peer wait."""
+        from asyncflow.runtime import collective
 
-def publish(engine, model: str, version: int, use_ray: bool,
-            send: Callable[[str, int, list], Any]) -> float:
-    """Export the trainer's weights as ``version`` and hand them to ``send`` (the board);
-    returns the seconds the trainer was blocked (exposed sync time)."""
-    t = time.time()
-    export = getattr(engine, "export_weights", None)
-    weights = export() if export is not None else None
-    send(model, int(version), box_weights(weights, use_ray))
-    return time.time() - t
+        rec = self.receivers.get(model)
+        if rec is None:
+            rec = self.receivers[model] = collective.Receiver(
+                self.replica, getattr(self.engine, "device", None), self.delta.get(model, False))
+        try:
+            version, chunks, partial = rec.fetch(desc)
+            before = rec.bytes[-1]
+            collective.feed(self.engine, version, chunks, partial, rec)
+        except Exception as e:  # noqa: BLE001 - judged below: a coded error, or tried again
+            rec.reset()
+            self.last_error = f"{type(e).__name__}: {e}"
+            first = self._failing.setdefault(model, time.time())
+            if time.time() - first > rec.timeout:
+                from types import SimpleNamespace
+
+                from asyncflow.errors import TaskError
+
+                raise TaskError("AF638", SimpleNamespace(name=self.replica, loc=""), model=model,
+                                at=f"{desc.get('host')}:{desc.get('port')}",
+                                waited=f"{rec.timeout:g}",
+                                error=f"{type(e).__name__}: {e}") from e
+            time.sleep(0.2)
+            return None
+        self._failing.pop(model, None)
+        self.bytes += before
+        return version
+
+    def close(self) -> None:
+        self.receivers.clear()
+
+
+class Publisher:
+    """A trainer's sending side: per model, the object store and/or a collective
+    :class:`asyncflow.runtime.collective.Sender` (started at the first publication)."""
+
+    def __init__(self, engine, use_ray: bool, syncs: list):
+        self.engine, self.use_ray = engine, use_ray
+        self.vias: dict[str, set] = {}
+        self.opts: dict[str, tuple[int, bool]] = {}
+        for s in syncs:
+            self.vias.setdefault(s.model, set()).add(s.via)
+            if s.via == "collective":
+                b, d = self.opts.get(s.model, (s.bucket_bytes, s.delta))
+                self.opts[s.model] = (min(b, s.bucket_bytes), d or s.delta)
+        self.senders: dict = {}
+
+    def publish(self, model: str, version: int, send: Callable[[str, int, list], Any]) -> float:
+        """Export the trainer's weights as ``version`` and hand them to ``send`` (the board);
+        returns the seconds the trainer was blocked (exposed sync time)."""
+        t = time.time()
+        export = getattr(self.engine, "export_weights", None)
+        weights = export() if export is not None else None
+        entry: dict = {}
+        vias = self.vias.get(model) or {"store"}
+        if "store" in vias:
+            entry["store"] = box_weights(weights, self.use_ray)
+        if "collective" in vias:
+            entry["collective"] = self._sender(model).publish(version, weights)
+        send(model, int(version), [entry])
+        return time.time() - t
+
+    def _sender(self, model: str):
+        from asyncflow.runtime import collective
+        from asyncflow.runtime.devices import node_address
+
+        s = self.senders.get(model)
+        if s is None:
+            bucket, delta = self.opts[model]
+            s = self.senders[model] = collective.Sender(
+                model, node_address(self.use_ray), getattr(self.engine, "device", None),
+                bucket, delta)
+        return s
+
+    def latest(self, model: str) -> tuple[int, Any] | None:
+        """The newest (version, weights) this trainer published through its collective."""
+        s = self.senders.get(model)
+        return s.latest() if s is not None else None
+
+    def stats(self) -> dict:
+        return {"sent_bytes": sum(s.sent_bytes for s in self.senders.values()),
+                "served": sum(len(s.served) for s in self.senders.values())}
+
+    def close(self) -> None:
+        for s in self.senders.values():
+            s.close()

@@ -54,7 +54,7 @@ from asyncflow.runtime.signals import Crash, Stop
 from asyncflow.runtime.step_reads import StepReads
 from asyncflow.runtime.tasks import runner_for
 from asyncflow.runtime.trace import Recorder
-from asyncflow.runtime.weights import Adopter, publish
+from asyncflow.runtime.weights import Adopter, Publisher
 from asyncflow.runtime.windows import Windows
 
 
@@ -191,6 +191,7 @@ class Worker(ServeLoop, StepReads):
                                   if s.src == self.task.name), default=1)
         self.engine: Any = None
         self.adopter: Adopter | None = None
+        self.publisher: Publisher | None = None  # a trainer's (_publisher)
         self.evaluator = None  # eval: this worker evaluates (asyncflow.runtime.evaluate)
         self._crash = False
         self._stopped = False
@@ -264,6 +265,8 @@ class Worker(ServeLoop, StepReads):
         for k in ("aborted", "cancelled"):  # the engine's in-flight samples restarted / dropped
             if hasattr(self.engine, k):
                 self._stats[k] = int(getattr(self.engine, k))
+        if self.adopter is not None and self.adopter.receivers:  # bytes a collective brought
+            self._stats["sync_bytes"] = self.adopter.bytes
         state = {"busy": self.rec.busy(), "exposed_s": self.adopter.exposed_s if self.adopter else 0.0,
                  "rewards": self._rewards, "drops": self._drops, "stats": dict(self._stats),
                  "events": self._events}
@@ -524,8 +527,11 @@ class Worker(ServeLoop, StepReads):
             self.call = getattr(self.engine, method)
         else:
             self.call = runner_for(self.task, self.paths)
-        if self.models_in:
-            self.adopter = Adopter(self.engine, self.models_in, self.use_ray)
+        if self.models_in:  # each model the way its sync edge into this task says
+            edges = {s.model: s for s in self.plan.sync if s.dst == self.task.name}
+            self.adopter = Adopter(self.engine, self.models_in, self.use_ray,
+                                   vias={m: s.via for m, s in edges.items()}, replica=self.id,
+                                   delta={m: s.delta for m, s in edges.items()})
         self.rec.span("START", 0, t)
         self._sync(force=True)
         if self.opt.get("restarted") and self._newer and self.adopter is not None:
@@ -587,7 +593,7 @@ class Worker(ServeLoop, StepReads):
         if step:  # resumed: rollouts start from the checkpoint's weights
             for op in self.body:
                 if op.kind == "PUBLISH" and op.model:
-                    publish(self.engine, op.model, step, self.use_ray, self.control.publish)
+                    self._publisher().publish(op.model, step, self.control.publish)
         while step < self.st.steps:
             if self._sync():
                 return
@@ -740,14 +746,26 @@ class Worker(ServeLoop, StepReads):
         self.rec.span("WRITE", len(rows), it["end"], version=version, step=it.get("step"))
         return True
 
+    def close_sync(self) -> None:
+        """Stop serving weights (the run is over, or this worker was replaced)."""
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def _publisher(self) -> Publisher:
+        """This trainer's sending side, by its sync edges (SyncPlan.via), made at first use."""
+        if self.publisher is None:
+            self.publisher = Publisher(self.engine, self.use_ray,
+                                       [s for s in self.plan.sync if s.src == self.task.name])
+        return self.publisher
+
     def _publish(self, op: Op, it: dict) -> bool:
         """Publish version n + 1 after train step n (every ``publish_every`` steps and the
         last), before anything else: the gated rollout waits for exactly this version."""
         step = it["step"]
         if (step + 1) % self.publish_every == 0 or step + 1 == self.st.steps:
             tp = time.time()
-            it["publish_s"] = it.get("publish_s", 0.0) + publish(
-                self.engine, op.model, step + 1, self.use_ray, self.control.publish)
+            it["publish_s"] = it.get("publish_s", 0.0) + self._publisher().publish(
+                op.model, step + 1, self.control.publish)
             self.rec.span("PUBLISH", 0, tp, version=step + 1, step=step)
         return True
 

@@ -57,8 +57,9 @@ def plan_html(plan, svg: str | None = None) -> str:
     parts.append(_table("channels", ["channel", "fields", "granularity", "staleness", "capacity"],
                         [[c.id, ", ".join(c.fields), c.granularity, c.staleness, c.capacity]
                          for c in plan.channels]))
-    parts.append(_table("weight sync", ["from", "to", "model", "max_staleness", "mode"],
-                        [[s.src, s.dst, s.model, s.max_staleness, s.mode] for s in plan.sync]))
+    parts.append(_table("weight sync", ["from", "to", "model", "max_staleness", "mode", "via"],
+                        [[s.src, s.dst, s.model, s.max_staleness, s.mode,
+                          s.via + (", delta" if s.delta else "")] for s in plan.sync]))
     st = plan.step
     parts.append(_table("batch", ["quantity", "value"],
                         [["prompts_per_step", st.prompts_per_step],

@@ -42,7 +42,10 @@ Every :class:`TaskPlan` carries its scheduling keys with the kind's defaults fil
 are replaced (``replace``): :func:`asyncflow.compiler.passes.scheduling`.
 
 The sync schedule (one :class:`SyncPlan` per sync edge): ``deferred`` when ``max_staleness`` > 0,
-``blocking`` when it is 0. Worker ids are ``"task/replica"``; channel ids ``"src->dst"``.
+``blocking`` when it is 0; ``via`` as written, else ``collective`` where both ends run engines
+whose weights are torch tensors (``TENSOR_ENGINES``) and the backend is Ray, ``store`` otherwise
+(the local backend's board hands the trainer's tensors over in memory). Worker ids are
+``"task/replica"``; channel ids ``"src->dst"``.
 """
 from __future__ import annotations
 
@@ -131,6 +134,16 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
         # 16,384 slots; benchmarks/runtime.py), and finished rows are written by row anyway
         out["chunk"] = max(SERVE_CHUNK, spp, out["rows"])
     return out
+
+
+def sync_via(graph: Graph, src: str, dst: str, written: str | None, backend: str) -> str:
+    """How a sync edge's weights travel (the module docstring)."""
+    from asyncflow.compiler.passes.placement import TENSOR_ENGINES
+
+    if written:
+        return written
+    ends = (graph.node(src).defn.engine, graph.node(dst).defn.engine)
+    return "collective" if backend == "ray" and all(e in TENSOR_ENGINES for e in ends) else "store"
 
 
 def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str, int],
@@ -232,7 +245,10 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         w = wait_alpha.setdefault(e.dst, {})
         w[model] = min(w.get(model, e.max_staleness), e.max_staleness)
         syncs.append(SyncPlan(e.src, e.dst, model, e.max_staleness,
-                              "deferred" if e.max_staleness > 0 else "blocking"))
+                              "deferred" if e.max_staleness > 0 else "blocking",
+                              via=sync_via(g, e.src, e.dst, e.defn.via, ctx.backend),
+                              bucket_bytes=int((e.defn.bucket_mb or 128) * (1 << 20)),
+                              delta=bool(e.defn.delta)))
 
     tasks, workers = [], []
     for n in order:

@@ -48,6 +48,8 @@ from asyncflow.ir import Graph, TaskNode
 from asyncflow.kinds import KINDS
 
 GPU_ENGINES = ("vllm", "deepspeed")
+# engines whose weights are torch tensors: a sync edge between two of them can be a collective
+TENSOR_ENGINES = ("hf", "deepspeed", "vllm")
 CPU_TASK_RESOURCES = {"CPU": 0}
 
 

@@ -172,6 +172,7 @@ def _models(p: ast.Pipeline, d: Diagnostics) -> None:
         if m.name not in used and m.name not in copied:
             d.add("AF316", m.loc, model=m.name)
     _lora(p, d)
+    _sync_method(p, d)
 
 
 def _lora(p: ast.Pipeline, d: Diagnostics) -> None:
@@ -192,6 +193,31 @@ def _lora(p: ast.Pipeline, d: Diagnostics) -> None:
             if t.model == m.name and t.engine and t.engine not in lora.ENGINES + ("sim",):
                 d.add("AF215", _at(t, "engine"), model=m.name, task=t.name, engine=t.engine,
                       engines=", ".join(lora.ENGINES))
+
+
+def _sync_method(p: ast.Pipeline, d: Diagnostics) -> None:
+    """A sync edge's ``via``, ``bucket_mb`` and ``delta`` (asyncflow.runtime.collective): the
+    last two belong to a collective edge; a collective needs both ends' weights to be torch
+    tensors (a built-in engine that has none, sim, cannot take part: AF216)."""
+    from asyncflow.compiler.passes.placement import TENSOR_ENGINES
+    from asyncflow.engines.base import BUILTIN
+
+    for i, s in enumerate(p.sync):
+        edge = dict(edge=i, src=s.src, dst=s.dst)
+        if s.via == "store":
+            for key in ("delta", "bucket_mb"):
+                if key == "delta" and s.delta or key == "bucket_mb" and s.bucket_mb is not None:
+                    d.add("AF216", _at(s, key), **edge,
+                          problem=f"{key} applies to via: collective only, and this edge sends "
+                                  "through the store (remove it, or set via: collective)")
+        if s.via == "collective":
+            for name in (s.src, s.dst):
+                t = p.tasks.get(name)
+                if t is not None and t.engine in BUILTIN and t.engine not in TENSOR_ENGINES:
+                    d.add("AF216", _at(s, "via"), **edge,
+                          problem=f"task '{name}' runs on the {t.engine} engine, whose weights "
+                                  f"are not tensors to broadcast (a collective needs "
+                                  f"{', '.join(TENSOR_ENGINES)} at both ends; use via: store)")
 
 
 def _check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
