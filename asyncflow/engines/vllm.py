@@ -164,10 +164,10 @@ class VLLMEngine:
         shutil.rmtree(model_dir, ignore_errors=True)
         if self.temperature > 0:
             scale = 1.0 / self.temperature
-            llm.apply_model(lambda model: _scale_logits(model, scale))
+            llm.collective_rpc(_scale_model_logits, args=(scale,))
         # vLLM layers that take several checkpoint tensors (q, k, v -> qkv_proj; a weight and its
         # bias): a partial update completes them from host copies (update_weights_stream)
-        packed = llm.apply_model(lambda model: dict(getattr(model, "packed_modules_mapping", {})))
+        packed = llm.collective_rpc(_packed_modules)
         self._groups = _layer_groups(self.weight_names - self.tied, packed[0] if packed else {})
         self._group_of = {n: g for g, names in self._groups.items() for n in names}
         self._shadow = {} if self.lora else {  # a LoRA engine's base weights never change
@@ -573,8 +573,9 @@ def _engine_dir(spec: EngineSpec):
 def _bind_cpu_workers(spec: EngineSpec, tp: int) -> None:
     """vLLM on CPU binds each rank's OpenMP threads to cores and, left to itself, wants a NUMA
     node per rank: split this process's cores among the ranks (``VLLM_CPU_OMP_THREADS_BIND``,
-    unless set), or say why tensor parallelism cannot run here (AF654)."""
-    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+    unless set to other than ``auto``), or say why tensor parallelism cannot run here
+    (AF654)."""
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
         return
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(cores) < tp:
@@ -588,6 +589,14 @@ def _bind_cpu_workers(spec: EngineSpec, tp: int) -> None:
     per = len(cores) // tp
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
         ",".join(map(str, cores[i * per:(i + 1) * per])) for i in range(tp))
+    try:  # vLLM caches its environment once an engine started in this process
+        from vllm import envs
+
+        if getattr(envs, "_is_envs_cache_enabled", lambda: False)():
+            envs.disable_envs_cache()
+            envs.enable_envs_cache()
+    except ImportError:
+        pass
 
 
 def _layer_groups(names, packed: dict) -> dict[str, list[str]]:
@@ -616,8 +625,17 @@ def adapter_config(lora: dict, state: dict) -> dict:
 
 # ---------------------------------------------------------------------- on every vLLM worker
 # (collective_rpc: in this process, or pickled by reference to the ranks of a tensor-parallel
-# engine): vLLM's ``reload_weights`` (model_executor/model_loader/reload) split into its three
-# phases, so the weights can arrive in chunks over several calls
+# engine, so module-level functions, never lambdas); the weights: vLLM's ``reload_weights``
+# (model_executor/model_loader/reload) split into its three phases, so that they can arrive in
+# chunks over several calls
+def _scale_model_logits(worker, scale: float) -> None:
+    _scale_logits(worker.model_runner.get_model(), scale)
+
+
+def _packed_modules(worker) -> dict:
+    return dict(getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}) or {})
+
+
 def _reload_begin(worker) -> None:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
