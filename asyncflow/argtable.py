@@ -186,7 +186,8 @@ VLLM_ARGS = (
     Arg("dtype", "str", "float32", "vLLM dtype", _R),
     Arg("kv_cache_gib", "num", 0.25, "CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE, whole GiB, "
         "overrides it)", _R, min=0, strict=True),
-    Arg("gpu_memory_utilization", "num", 0.5, "GPU: the fraction of GPU memory vLLM may take",
+    Arg("gpu_memory_utilization", "num", None, "GPU: the fraction of GPU memory vLLM may take "
+        "(default: the plan's share of the device x 0.9, e.g. 0.45 where two workers share one)",
         _R, min=0, strict=True, max=1),
     Arg("enforce_eager", "bool", True, "no torch.compile or graph capture (start-up in "
         "seconds)", _R),

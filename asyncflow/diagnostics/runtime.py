@@ -71,6 +71,9 @@ CODES = [
     Code("AF653", "lora-unusable",
          "model '{model}': its LoRA adapter cannot be put on the model: {reason} (the model's "
          "linear layers: {linear})"),
+    Code("AF654", "vllm-tensor-parallel",
+         "task '{task}': tensor parallelism over {tp} devices (devices_per_replica) cannot run "
+         "here: {why}"),
     Code("AF660", "export-not-a-run", "{run_dir} is not a run directory: {why}"),
     Code("AF661", "export-no-step", "{run_dir}: {what}; {have}"),
     Code("AF662", "export-unreadable", "{run_dir}: {what} cannot be exported: {why}"),

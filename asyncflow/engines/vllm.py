@@ -59,9 +59,11 @@ How it maps onto vLLM 0.32:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import numbers
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -75,6 +77,14 @@ from asyncflow.tokens import Text
 VALUE_HEAD = "value_head."
 _SEED_MOD = 2**63 - 1
 _START_LOCK = threading.Lock()  # one vLLM start-up at a time per process
+_LIVE: set = set()  # the vLLM engines of this process not yet closed (ids)
+_PARKED: list = []  # the vLLM LLMs of closed engines, dropped when the last engine closes
+#: gpu_memory_utilization = the plan's share of the device times this (vLLM's own default takes
+#: 0.9 of a whole device: the rest is for the CUDA context, NCCL and allocator slack)
+MEMORY_MARGIN = 0.9
+#: without a plan share (an engine built outside a run) vLLM takes this much of the device
+MEMORY_DEFAULT = 0.5
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's max_lora_rank values
 
 
 class VLLMEngine:
@@ -103,9 +113,19 @@ class VLLMEngine:
         self.rows_done = 0  # seeds rows of batches without ``_row``
         self.base_seed = spec.seed * 1_000_003 + spec.replica
         self._lock = threading.Lock()  # vllm.LLM is not thread-safe
-        self._dir = tempfile.TemporaryDirectory(prefix="asyncflow-vllm-")
-        with _START_LOCK:
-            self.llm, self.tokenizer = self._start()
+        self.lora = dict(spec.model.get("lora") or {})  # an adapter from a LoRA trainer
+        self._lora_request = None  # the newest adopted adapter (vllm LoRARequest)
+        self._adapter: dict = {}  # its tensors (host), what a partial update completes
+        self._adapter_dirs: list[str] = []
+        self.closed = False
+        self.dir, self._tmp = _engine_dir(spec)
+        try:
+            with _START_LOCK:
+                self.llm, self.tokenizer = self._start()
+        except BaseException:
+            self._remove_dir()
+            raise
+        _LIVE.add(id(self))
 
     # ------------------------------------------------------------------ start-up
 
@@ -123,22 +143,16 @@ class VLLMEngine:
 
         loaded = models.engine_load(self.spec)  # from where the plan says, in its dtype
         _check_head_size(loaded.model.config, current_platform)
-        models.save(loaded, self._dir.name)
+        model_dir = os.path.join(self.dir, "model")
+        models.save(loaded, model_dir)
         tokenizer = loaded.tokenizer
-        self.weight_names = set(loaded.model.state_dict())
+        state = loaded.model.state_dict()
+        self.weight_names = set(state)
         self.tied = {"lm_head.weight"} if loaded.model.config.tie_word_embeddings else set()
-        del loaded
-
-        a = self.args
-        kw = dict(model=self._dir.name, skip_tokenizer_init=True,
-                  dtype=a.get("dtype", self.spec.model.get("dtype") or "float32"), seed=self.spec.seed,
-                  enforce_eager=bool(a.get("enforce_eager", True)),
-                  max_num_seqs=int(a.get("max_num_seqs", 256)),
-                  enable_prefix_caching=self.prefix_caching)
-        if current_platform.is_cpu():
-            kw["kv_cache_memory_bytes"] = int(float(a.get("kv_cache_gib", 0.25)) * 2**30)
-        else:
-            kw["gpu_memory_utilization"] = float(a.get("gpu_memory_utilization", 0.5))
+        kw = engine_kwargs(self.spec, model_dir, cpu=current_platform.is_cpu(),
+                           prefix_caching=self.prefix_caching)
+        if kw.get("tensor_parallel_size", 1) > 1 and current_platform.is_cpu():
+            _bind_cpu_workers(self.spec, kw["tensor_parallel_size"])
         set_threads = torch.set_num_threads
         try:
             with _global_rng_kept():
@@ -146,9 +160,19 @@ class VLLMEngine:
         finally:
             torch.set_num_threads = set_threads
         set_threads(self.threads)
+        # vLLM read the copy while it started (its workers too): nothing reads it again
+        shutil.rmtree(model_dir, ignore_errors=True)
         if self.temperature > 0:
             scale = 1.0 / self.temperature
-            llm.apply_model(lambda model: _scale_logits(model, scale))
+            llm.collective_rpc(_scale_model_logits, args=(scale,))
+        # vLLM layers that take several checkpoint tensors (q, k, v -> qkv_proj; a weight and its
+        # bias): a partial update completes them from host copies (update_weights_stream)
+        packed = llm.collective_rpc(_packed_modules)
+        self._groups = _layer_groups(self.weight_names - self.tied, packed[0] if packed else {})
+        self._group_of = {n: g for g, names in self._groups.items() for n in names}
+        self._shadow = {} if self.lora else {  # a LoRA engine's base weights never change
+            n: state[n].detach().clone() for g in self._groups.values() if len(g) > 1 for n in g}
+        del loaded, state
         return llm, tokenizer
 
     # ------------------------------------------------------------------ Rollout
@@ -198,7 +222,8 @@ class VLLMEngine:
             self.rows_done += n
             try:
                 outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                         [self._params(r) for r in rows], use_tqdm=False)
+                                         [self._params(r) for r in rows], use_tqdm=False,
+                                         lora_request=self._lora_request)
             except AssertionError as e:
                 if "not initialized" not in str(e):
                     raise
@@ -217,20 +242,107 @@ class VLLMEngine:
         return {out_names[0]: responses, out_names[1]: logprobs}
 
     def update_weights(self, weights, version: int) -> None:
-        """Load a trainer's state dict (:meth:`HFEngine.export_weights`) into the running model;
-        takes effect for the next ``generate`` (or the next step of ``serve``: with requests in
-        flight the prefix cache is reset by the server once they are gone, see
-        :class:`VLLMTurnServer`)."""
-        state = [(k, v) for k, v in weights.items() if not k.startswith(VALUE_HEAD)]
-        names = {k for k, _ in state}
-        missing, unexpected = self.weight_names - names - self.tied, names - self.weight_names
-        if missing or unexpected:  # vLLM would keep the old tensors of a missing name
-            raise KeyError(f"weights do not fit the model: missing {sorted(missing)}, "
-                           f"unexpected {sorted(unexpected)}")
+        """Load a trainer's state dict (:meth:`HFEngine.export_weights`) into the running model:
+        :meth:`update_weights_stream` with the whole dict as one chunk."""
+        self.update_weights_stream(iter([weights]), version)
+
+    def update_weights_stream(self, chunks, version: int, partial: bool = False) -> None:
+        """Load weights that arrive as ``chunks``, an iterator of ``{name: tensor}`` (the buckets
+        of a collective broadcast), through vLLM's own reload path: one layer-wise reload
+        (``initialize_layerwise_reload``, the model's ``load_weights`` per chunk,
+        ``finalize_layerwise_reload``: on CPU the linear layers keep their weights pre-packed
+        for oneDNN, which a plain ``load_weights`` would not reach), run on every vLLM worker.
+        Chunks are taken one at a time, never gathered; vLLM buffers a layer's tensors until all
+        of them arrived, so a chunk's tensors must stay valid after the next one is asked for.
+
+        ``partial=False``: the names must cover the model (a missing name would keep its old
+        tensor; ``value_head.*`` is ignored, a tied ``lm_head`` may be left out): KeyError
+        otherwise, after the tensors that did arrive were loaded (the others keep their old
+        values) and without changing the version. ``partial=True`` (a delta sync): only the
+        given names change; a vLLM layer built from several of them (``q/k/v_proj`` ->
+        ``qkv_proj``, a weight and its bias) is completed from the engine's host copies of the
+        last values. With a LoRA adapter (``models.<m>.lora``) the chunks hold the adapter's
+        tensors (:func:`asyncflow.lora.adapter_state`), which become vLLM's adapter request
+        (:meth:`_adopt_adapter`). Takes effect for the next ``generate`` (or the next step of
+        ``serve``: with requests in flight the prefix cache is reset by the server once they are
+        gone, see :class:`VLLMTurnServer`)."""
+        if self.lora:
+            return self._adopt_adapter(chunks, version, partial)
+        seen: set = set()
+        touched: set = set()  # the multi-tensor layers some name of which arrived
+        unexpected: list = []
         with self._lock:
-            self.llm.collective_rpc("reload_weights",
-                                    kwargs={"weights_iterator": iter(state),
-                                            "is_checkpoint_format": True})
+            self._rpc(_reload_begin)
+            try:
+                for chunk in chunks:
+                    items = []
+                    for k, v in chunk.items():
+                        if k.startswith(VALUE_HEAD):
+                            continue
+                        if k not in self.weight_names:
+                            unexpected.append(k)
+                            continue
+                        seen.add(k)
+                        items.append((k, v))
+                        if k in self._shadow:
+                            self._shadow[k].copy_(v.detach())
+                            touched.add(self._group_of[k])
+                    if unexpected:  # nothing more is loaded
+                        break
+                    if items:
+                        self._rpc(_reload_load, items)
+            finally:  # complete the layers that got part of their tensors, then finish
+                fill = [(n, self._shadow[n]) for g in sorted(touched) for n in self._groups[g]
+                        if n not in seen]
+                if fill:
+                    self._rpc(_reload_load, fill)
+                self._rpc(_reload_end)
+            missing = set() if partial else self.weight_names - seen - self.tied
+            if missing or unexpected:  # vLLM would keep the old tensors of a missing name
+                raise KeyError(f"weights do not fit the model: missing {sorted(missing)}, "
+                               f"unexpected {sorted(unexpected)}")
+            if self._server is None or not self._server.running:
+                self.llm.reset_prefix_cache()
+            self.version = int(version)
+
+    def _rpc(self, fn, *args):
+        return self.llm.collective_rpc(fn, args=args)
+
+    def _adopt_adapter(self, chunks, version: int, partial: bool) -> None:
+        """A LoRA trainer's adapter tensors -> peft's directory layout under the engine's
+        directory (``adapter_config.json``, ``adapter_model.safetensors``) -> a new
+        ``LoRARequest`` (a new ``lora_int_id`` per version) that every later request carries;
+        vLLM loads it now (``add_lora``). The two newest adapter directories are kept (a request
+        admitted under the previous one may still need it), older ones removed."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        state = dict(self._adapter) if partial else {}
+        for chunk in chunks:
+            for k, v in chunk.items():
+                if not k.startswith(VALUE_HEAD):
+                    state[k] = v.detach().to("cpu")
+        bad = sorted(k for k in state if ".lora_A." not in k and ".lora_B." not in k)
+        if bad:
+            raise KeyError(f"weights do not fit the model's LoRA adapter (only lora_A/lora_B "
+                           f"tensors are expected): unexpected {bad[:5]}")
+        if not partial and self._adapter and set(state) != set(self._adapter):
+            missing = sorted(set(self._adapter) - set(state))
+            raise KeyError(f"weights do not fit the model's LoRA adapter: missing {missing[:5]}")
+        path = os.path.join(self.dir, f"adapter-v{int(version)}")
+        os.makedirs(path, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state.items()},
+                  os.path.join(path, "adapter_model.safetensors"))
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            json.dump(adapter_config(self.lora, state), f, indent=1)
+        with self._lock:
+            ident = (self._lora_request.lora_int_id + 1) if self._lora_request else 1
+            request = LoRARequest(f"{self.spec.task}-v{int(version)}", ident, path)
+            self.llm.llm_engine.add_lora(request)
+            self._lora_request, self._adapter = request, state
+            self._adapter_dirs.append(path)
+            while len(self._adapter_dirs) > 2:
+                shutil.rmtree(self._adapter_dirs.pop(0), ignore_errors=True)
             if self._server is None or not self._server.running:
                 self.llm.reset_prefix_cache()
             self.version = int(version)
@@ -253,11 +365,27 @@ class VLLMEngine:
             server.close()
 
     def close(self) -> None:
-        """Drop the vLLM engine and the temporary model directory (and vLLM's process-wide
-        state: every other vLLM engine of this process stops working too)."""
+        """Remove the engine's directory and let vLLM go. vLLM's process-wide state (its one-rank
+        group) is shared by the process's in-process engines and torn down by the first LLM
+        garbage-collected, so a closed engine's LLM is parked until the process's last vLLM
+        engine closes, then all are dropped together. Idempotent; the runtime calls it when a
+        worker stops."""
         with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            _PARKED.append(self.llm)
             self.llm = None
-            self._dir.cleanup()
+            self._remove_dir()
+        _LIVE.discard(id(self))
+        if not _LIVE:
+            _PARKED.clear()
+
+    def _remove_dir(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @dataclass
@@ -356,7 +484,8 @@ class VLLMTurnServer(QueueServer):
                 params.output_kind = RequestOutputKind.FINAL_ONLY
                 rid = f"asyncflow-{self._ids}"
                 self._ids += 1
-                self.core.add_request(rid, TokensPrompt(prompt_token_ids=r.prefix), params)
+                self.core.add_request(rid, TokensPrompt(prompt_token_ids=r.prefix), params,
+                                      lora_request=e._lora_request)
                 self.running[rid] = r
             self.peak_running = max(self.peak_running, len(self.running))
             if not self.running:
@@ -375,6 +504,165 @@ class VLLMTurnServer(QueueServer):
             self.finished.append((r.key, ids, lps, r.version))
 
 
+# ---------------------------------------------------------------------- start-up (pure parts)
+def engine_kwargs(spec: EngineSpec, model_dir: str, cpu: bool, prefix_caching: bool = True) -> dict:
+    """The keyword arguments of ``vllm.LLM`` for ``spec`` (no vLLM import):
+
+    - ``tensor_parallel_size``: the task's ``devices_per_replica`` on a GPU plan
+      (``spec.extra["devices"]``; on a CPU plan a device is a CPU slot, i.e. a thread, and the
+      engine runs one rank); above 1 with vLLM's multiprocess executor (one process per rank).
+    - memory: on a CPU vLLM's KV cache is ``kv_cache_gib``; on a GPU ``gpu_memory_utilization``
+      (:func:`memory_utilization`).
+    - LoRA (``models.<m>.lora``): ``enable_lora`` with one adapter at a time in the batch
+      (``max_loras`` 1, two kept loaded: the newest and the one before) and ``max_lora_rank``
+      the smallest vLLM rank >= the adapter's ``r``."""
+    a = spec.args
+    kw = dict(model=model_dir, skip_tokenizer_init=True,
+              dtype=a.get("dtype", spec.model.get("dtype") or "float32"), seed=spec.seed,
+              enforce_eager=bool(a.get("enforce_eager", True)),
+              max_num_seqs=int(a.get("max_num_seqs", 256)),
+              enable_prefix_caching=prefix_caching)
+    tp = int(spec.extra.get("devices") or 1) if spec.extra.get("device_kind") == "GPU" else 1
+    kw["tensor_parallel_size"] = tp
+    if tp > 1:
+        kw["distributed_executor_backend"] = "mp"
+    if cpu:
+        kw["kv_cache_memory_bytes"] = int(float(a.get("kv_cache_gib", 0.25)) * 2**30)
+    else:
+        kw["gpu_memory_utilization"] = memory_utilization(spec)
+    lora = spec.model.get("lora") or {}
+    if lora:
+        r = int(lora.get("r", 8))
+        rank = next((x for x in LORA_RANKS if x >= r), None)
+        if rank is None:
+            raise ValueError(f"task {spec.task!r}: vLLM takes LoRA ranks up to {LORA_RANKS[-1]}, "
+                             f"the adapter's r is {r}")
+        kw.update(enable_lora=True, max_loras=1, max_cpu_loras=2, max_lora_rank=rank)
+    return kw
+
+
+def memory_utilization(spec: EngineSpec) -> float:
+    """``gpu_memory_utilization``: the task arg where given; else the plan's share of each of
+    the worker's devices (``spec.extra["device_share"]``: 0.5 where two workers time-share a
+    GPU) times :data:`MEMORY_MARGIN`, rounded down to 0.01; :data:`MEMORY_DEFAULT` without a
+    plan share."""
+    given = spec.args.get("gpu_memory_utilization")
+    if given is not None:
+        return float(given)
+    share = spec.extra.get("device_share")
+    if not share:
+        return MEMORY_DEFAULT
+    return max(0.01, int(min(1.0, float(share)) * MEMORY_MARGIN * 100) / 100)
+
+
+def _engine_dir(spec: EngineSpec):
+    """``(path, TemporaryDirectory | None)``: where the engine writes its files (the model copy
+    vLLM starts from, removed once it started; LoRA adapters): ``<run dir>/engines/<task>.<r>``
+    in a run, a temporary directory (``asyncflow-vllm-*``) outside one; :meth:`close`
+    removes it."""
+    run_dir = spec.extra.get("run_dir")
+    if run_dir:
+        path = os.path.join(run_dir, "engines", f"{spec.task}.{spec.replica}")
+        shutil.rmtree(path, ignore_errors=True)  # a restarted worker's leftovers
+        os.makedirs(path)
+        return path, None
+    tmp = tempfile.TemporaryDirectory(prefix="asyncflow-vllm-")
+    return tmp.name, tmp
+
+
+def _bind_cpu_workers(spec: EngineSpec, tp: int) -> None:
+    """vLLM on CPU binds each rank's OpenMP threads to cores and, left to itself, wants a NUMA
+    node per rank: split this process's cores among the ranks (``VLLM_CPU_OMP_THREADS_BIND``,
+    unless set to other than ``auto``), or say why tensor parallelism cannot run here
+    (AF654)."""
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
+        return
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < tp:
+        from types import SimpleNamespace
+
+        from asyncflow.errors import TaskError
+
+        raise TaskError("AF654", SimpleNamespace(name=spec.task, loc=spec.extra.get("task_loc", "")),
+                        tp=tp, why=f"vLLM on a CPU runs each rank on cores of its own and this "
+                        f"process has {len(cores) or 'an unknown number of'} core(s)")
+    per = len(cores) // tp
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+        ",".join(map(str, cores[i * per:(i + 1) * per])) for i in range(tp))
+    try:  # vLLM caches its environment once an engine started in this process
+        from vllm import envs
+
+        if getattr(envs, "_is_envs_cache_enabled", lambda: False)():
+            envs.disable_envs_cache()
+            envs.enable_envs_cache()
+    except ImportError:
+        pass
+
+
+def _layer_groups(names, packed: dict) -> dict[str, list[str]]:
+    """Checkpoint names by the vLLM layer they load into: ``...q_proj.weight`` into
+    ``...qkv_proj`` where the model packs ``q_proj`` there (its ``packed_modules_mapping``), a
+    weight and its bias into their module."""
+    into = {part: whole for whole, parts in packed.items() for part in parts}
+    groups: dict[str, list[str]] = {}
+    for n in sorted(names):
+        module, _, _ = n.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        key = f"{parent}.{into[leaf]}" if leaf in into else module
+        groups.setdefault(key, []).append(n)
+    return groups
+
+
+def adapter_config(lora: dict, state: dict) -> dict:
+    """peft's ``adapter_config.json`` for an adapter whose tensors are ``state`` (its target
+    modules named as they appear there: vLLM wants names, not ``all-linear``)."""
+    targets = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in state})
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(lora["r"]),
+            "lora_alpha": float(lora["alpha"]), "lora_dropout": float(lora.get("dropout", 0.0)),
+            "target_modules": targets, "bias": "none", "fan_in_fan_out": False,
+            "use_rslora": False, "modules_to_save": None, "base_model_name_or_path": None}
+
+
+# ---------------------------------------------------------------------- on every vLLM worker
+# (collective_rpc: in this process, or pickled by reference to the ranks of a tensor-parallel
+# engine, so module-level functions, never lambdas); the weights: vLLM's ``reload_weights``
+# (model_executor/model_loader/reload) split into its three phases, so that they can arrive in
+# chunks over several calls
+def _scale_model_logits(worker, scale: float) -> None:
+    _scale_logits(worker.model_runner.get_model(), scale)
+
+
+def _packed_modules(worker) -> dict:
+    return dict(getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}) or {})
+
+
+def _reload_begin(worker) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(worker.model_runner.get_model())
+
+
+def _reload_load(worker, items) -> None:
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(worker.vllm_config):
+        worker.model_runner.get_model().load_weights(iter(items))
+
+
+def _reload_end(worker) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    runner = worker.model_runner
+    with set_current_vllm_config(worker.vllm_config):
+        finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            if hasattr(runner, reset):
+                getattr(runner, reset)()
+
+
 # vLLM warnings that this engine's set-up makes expected (it skips vLLM's tokenizer on purpose;
 # a rotary embedding has no weights to reload; the global RNG states are put back), by the vLLM
 # module that logs them: dropped, so that the other warnings stand out
@@ -382,7 +670,8 @@ _EXPECTED = {
     "vllm.engine.arg_utils": ("The global random seed is set to",),
     "vllm.renderers.base": ("Chat template warmup failed",
                             "Using None for EOS token id because tokenizer"),
-    "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load",),
+    # a layer none of whose tensors a partial update (or a tied lm_head) sends keeps its own
+    "vllm.model_executor.model_loader.reload.layerwise": (": Failed to load weights",),
     # serve hands vLLM's LLMEngine.add_request token ids, which vLLM 0.32 renders itself
     "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
 }
@@ -394,7 +683,8 @@ class _DropExpected(logging.Filter):
         self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefixes)
+        msg = record.getMessage()
+        return not any(p in msg for p in self.prefixes)
 
 
 def _quiet_expected_warnings() -> None:

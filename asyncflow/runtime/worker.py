@@ -35,6 +35,7 @@ are plain calls (the Ray backend hands in proxies).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
@@ -82,7 +83,11 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              # colocated engines do not oversubscribe the cores (2 threads each on 2 cores ran
              # the main job 7x slower)
              "threads": max(1, task.devices_per_replica) if plan.device_kind == "CPU" else None,
-             "devices": max(1, task.devices_per_replica),
+             "devices": max(1, task.devices_per_replica), "device_kind": plan.device_kind,
+             # this worker's share of each of its devices (placement rule 3: 0.5 where two
+             # workers time-share one), e.g. the vllm engine's gpu_memory_utilization
+             "device_share": next((float(w.resources.get(plan.device_kind, 0) or 0)
+                                   for w in plan.workers if w.id == f"{task.name}/{replica}"), None),
              # scorers and trainers see log-probs at the temperature the rollout sampled with
              "temperature": _rollout_temperature(plan), "search_path": list(paths),
              "task_loc": getattr(task, "loc", ""),  # for an engine's located errors (AF65x)
@@ -315,6 +320,10 @@ class Worker(ServeLoop, StepReads):
             return self._run()
         finally:
             self._beat_stop.set()
+            close = getattr(self.engine, "close", None)  # an engine's files, its device memory
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
 
     def _run(self) -> dict:
         try:
@@ -513,6 +522,7 @@ class Worker(ServeLoop, StepReads):
                                            getattr(cls, "uses_device", True), self.id)
             if self._device["device"]:
                 spec.extra["device"] = self._device["device"]
+            spec.extra["run_dir"] = self.opt.get("run_dir")  # where an engine may keep files
             if getattr(cls, "distributed", False) and self.task.replicas > 1:
                 spec.extra.update(devices.rendezvous(
                     self.control, self.task.name, self.wp.replica,
