@@ -80,6 +80,10 @@ CODES = [
     Code("AF636", "rendezvous-timeout",
          "task '{task}': replica {replica} waited {waited} s for replica 0 to open the "
          "data-parallel group (its address and port) and it never did"),
+    Code("AF637", "distributed-needs-processes",
+         "task '{task}': engine {engine} trains its {replicas} replicas as one torch.distributed "
+         "group, a process each, but the local backend runs every worker as a thread of one "
+         "process: run it on Ray (--backend ray, the default), or with replicas: 1"),
     Code("AF635", "refill-starved",
          "filter {tasks} dropped {groups} groups since the last train step, more than {rounds} "
          "steps' launches: with refill: true new prompts would be fed for ever; check the filter "
