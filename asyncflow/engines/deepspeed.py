@@ -1,5 +1,5 @@
 """The ``deepspeed`` engine: the ``hf`` engine's model, batches and losses, trained through
-``deepspeed.initialize`` with ZeRO stage 1 or 2, data-parallel over the task's replicas.
+``deepspeed.initialize`` with ZeRO stage 1, 2 or 3, data-parallel over the task's replicas.
 
 ``DeepSpeedEngine(spec)`` is an :class:`~asyncflow.engines.hf.HFEngine` whose ``train`` kind
 replaces the torch optimiser loop with a DeepSpeed engine; the model building, the packed
@@ -15,7 +15,8 @@ Task args it reads, besides the hf engine's (``lr``, ``betas``, ``weight_decay``
 =================  ==============  =============================================================
 arg                default         meaning
 =================  ==============  =============================================================
-``zero_stage``     1               ZeRO stage: 1 (optimizer states partitioned) or 2 (+ grads)
+``zero_stage``     1               ZeRO stage: 1 (optimizer states partitioned), 2 (+ grads),
+                                   3 (+ parameters)
 ``master_addr``    127.0.0.1       rendezvous host of the data-parallel group (replica 0's)
 ``master_port``    a free port     rendezvous port; with ``replicas > 1`` every replica must
                    (1 replica),    get the same one (``spec.extra["master_port"]`` also works)
@@ -29,7 +30,8 @@ arg                default         meaning
 **Data parallelism.** Replica ``spec.replica`` of ``spec.replicas`` is rank ``replica`` of a
 ``replicas``-rank process group (the engine sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT`` so no launcher is needed). Every replica calls ``train_step``
-once per step with its own rows. The replicas first agree on the step's number of
+once per step with its own rows: its share of the step, which the plan gives it (lower rule 8),
+perhaps none. The replicas first agree on the step's number of
 micro-batches; each micro-batch loss is multiplied by the world size (DeepSpeed averages
 gradients over ranks) and the sum divided by the *global* normalizer (tokens for token-mean
 losses, sequences otherwise, summed over the replicas at the end), so the update equals one
@@ -58,11 +60,26 @@ still has one with tokens; one that has none (its stream ended, or its micro-bat
 tokens) runs a zero-loss micro-batch meanwhile, and the step ends when every stream has ended.
 This path is untested where deepspeed is not installed.
 
-**Checkpoints.** ``save(dir)`` writes the model as a local HF directory (replica 0; usable as a
-model ``init``) and a DeepSpeed checkpoint under ``dir/deepspeed`` (every replica writes its
-optimizer shard, so every replica must call it); ``load(dir)`` reads the latter back.
-``export(dir, dtype)`` (the hf engine's: ZeRO 1/2 leave every rank the full weights) writes
-the final model; the worker calls it on replica 0 only (:mod:`asyncflow.runtime.export`).
+**ZeRO-3** partitions the parameters as well: the module's parameters hold nothing outside a
+gather. After every step (and at start) all replicas gather them and rank 0 keeps a CPU copy:
+``export_weights`` (the weight sync) returns it, and ``export`` and ``save`` put it into the
+module's parameters while they write (and take it out again). Only rank 0 publishes and exports
+(lower rule 7) and a gather needs every rank, so it cannot wait for those calls.
+
+**bfloat16.** A model loaded in bfloat16 (``dtype: bfloat16``) turns on DeepSpeed's ``bf16``
+mode: bf16 weights, forward and backward, fp32 master weights in the ZeRO optimizer; the sync
+and the export carry bf16 weights (float16: DeepSpeed's ``fp16`` mode, untested).
+
+**Checkpoints** hold no pickles. ``save(dir)`` writes the model as a local HF directory (rank 0;
+usable as a model ``init``) and, on every replica (each must call it), its part of the ZeRO
+optimizer: ``dir/deepspeed/rank_R.safetensors`` (the fp32 master weights of its partition, the
+AdamW moments, the sampling RNG) and ``rank_R.json`` (the rest of DeepSpeed's optimizer state
+dict -- flags, counters, param groups, paddings -- with the loss scale and the version).
+``load(dir)`` reads them back (safetensors and JSON only) through the ZeRO optimizer's
+``load_state_dict`` with its fp32 weights; with ZeRO 1/2, rank 0 first reads the model into the
+module and broadcasts it (ZeRO-3 rebuilds its parameters from the fp32 partitions). The number
+of replicas and the stage must be the checkpoint's. ``export(dir, dtype)`` (the hf engine's)
+writes the final model; the worker calls it on replica 0 only (:mod:`asyncflow.runtime.export`).
 
 **On CPU** DeepSpeed uses its cpu accelerator and ``gloo``. Its first process group on a machine
 JIT-builds DeepSpeed's shared-memory comm op (about a minute on 2 cores, then cached under
@@ -106,7 +123,7 @@ class _Net(torch.nn.Module):
 
 
 class DeepSpeedEngine(HFEngine):
-    """A trainer through DeepSpeed ZeRO 1/2; a scorer as the hf engine (module docstring)."""
+    """A trainer through DeepSpeed ZeRO 1/2/3; a scorer as the hf engine (module docstring)."""
 
     # its replicas form one torch.distributed group: the worker gives each the group's meeting
     # point (replica 0's node address and a free port there) and the rank's local device
