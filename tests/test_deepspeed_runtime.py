@@ -70,3 +70,38 @@ def test_two_replicas_on_the_local_backend_are_af637(tmp_path):
     r = run(tmp_path / "run", "--set", "tasks.update.replicas=2", backend="local", steps=1)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
     assert "AF637" in r.stdout + r.stderr and "--backend ray" in r.stdout + r.stderr
+
+
+@pytest.mark.ray
+def test_zero3_replicas_checkpoint_and_resume_through_the_runtime(tmp_path):
+    """ZeRO-3 over two replicas through the runtime: replica 0 publishes and exports the gathered
+    weights; every replica checkpoints its part of the optimizer without pickles, and --resume
+    loads each replica's part back and trains on."""
+    z3 = ["--set", "tasks.update.replicas=2", "--set", "tasks.update.args.zero_stage=3",
+          "--checkpoint-every", "1"]
+    out = tmp_path / "run"
+    first = run(out, *z3, steps=2)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    engines = out / "checkpoints" / "step_1" / "engines"
+    assert sorted(p.name for p in engines.iterdir()) == ["update_0", "update_1"]
+    for f in engines.rglob("*"):
+        if f.is_file():
+            assert f.suffix in (".json", ".safetensors"), f  # no pickles
+    for r in range(2):
+        assert (engines / f"update_{r}" / "deepspeed" / f"rank_{r}.safetensors").is_file()
+    step1 = load_file(str(engines / "update_0" / "model.safetensors"))
+    final2 = weights(out)
+    assert max(float((step1[k] - final2[k]).abs().max()) for k in step1) > 1e-4
+
+    again = subprocess.run(
+        [sys.executable, "-m", "asyncflow.cli", "run", str(PIPELINE), "--resume", str(out),
+         "--steps", "3", "--quiet", "--stall-timeout", "120", *SMALL, *z3],
+        capture_output=True, text=True, timeout=540, cwd=str(tmp_path))
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    resumed = [json.loads(line) for line in (out / "resume.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in resumed] == [1]  # from step_1's checkpoint (the newest)
+    assert train_rows(out) == {s: list(range(64 * s, 64 * (s + 1))) for s in range(3)}
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert json.loads((out / "final" / "policy" / "asyncflow_export.json").read_text())[
+        "version"] == 3
