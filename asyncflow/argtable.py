@@ -201,8 +201,9 @@ VLLM_ARGS = (
 _DS = ("train", "logprob", "value")
 DEEPSPEED_ARGS = (
     *(a for a in HF_ARGS if a.kinds != _R),
-    Arg("zero_stage", "choice", 1, "ZeRO stage: 1 (optimizer states partitioned) or 2 (+ "
-        "gradients)", _T, choices=(1, 2)),
+    Arg("zero_stage", "choice", 1, "ZeRO stage: 1 (optimizer states partitioned), 2 (+ "
+        "gradients) or 3 (+ parameters; gathered after each step for the sync, the export and "
+        "checkpoints)", _T, choices=(1, 2, 3)),
     Arg("master_addr", "str", "127.0.0.1", "rendezvous host of the data-parallel group", _T),
     Arg("master_port", "int", None, "rendezvous port (default: a free port with 1 replica, "
         "29500 with more)", _T, min=1, max=65535),

@@ -92,7 +92,7 @@ def test_registered_and_implements_the_protocols():
     assert isinstance(e, Trainer) and isinstance(e, Scorer) and e.ds is not None
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_one_replica_matches_the_hf_engine(batch, stage):
     """Same seed, lr, batch, AdamW and loss; 4 rows per micro-batch (gradient accumulation)."""
     hf = HFEngine(spec(micro_batch=4))
@@ -136,8 +136,58 @@ def test_critic_matches_the_hf_engine(batch):
 
 
 def test_bad_zero_stage():
-    with pytest.raises(ValueError, match="zero_stage must be 1 or 2"):
-        DeepSpeedEngine(spec(zero_stage=3))
+    with pytest.raises(ValueError, match="zero_stage must be 1, 2 or 3"):
+        DeepSpeedEngine(spec(zero_stage=4))
+
+
+def test_zero3_exports_the_gathered_weights(batch, tmp_path):
+    """ZeRO-3 partitions the parameters; the sync, the export and the checkpoint's model are
+    the gathered full weights (those of ZeRO-2 within float order)."""
+    z2, z3 = DeepSpeedEngine(spec(micro_batch=4, zero_stage=2)), DeepSpeedEngine(
+        spec(micro_batch=4, zero_stage=3))
+    def partitioned():  # ZeRO-3: the module's parameters hold nothing outside a gather
+        return all(p.data.numel() == 0 and p.ds_numel > 0 for p in z3.ds.module.parameters())
+
+    assert partitioned()
+    for _ in range(2):
+        z2.train_step(batch)
+        z3.train_step(batch)
+    w2, w3 = z2.export_weights(), z3.export_weights()
+    assert w3.keys() == w2.keys() and all(w3[k].shape == w2[k].shape for k in w2)
+    assert max_diff(w3, w2) < REPLICA_TOL
+    z3.export(str(tmp_path / "final"))
+    hf = HFEngine(EngineSpec(task="t", kind="logprob", model={"init": str(tmp_path / "final")},
+                             outputs=("logprobs",)))
+    assert max_diff(hf.export_weights(), w3) == 0.0
+    assert partitioned()  # the export put the gathered weights in and took them out again
+    z3.train_step(batch)  # and trains on after the export
+
+
+def test_bfloat16_trains_in_bf16_with_fp32_master_weights(batch):
+    """A model with dtype bfloat16: DeepSpeed's bf16 (bf16 weights, forward and backward) with
+    the ZeRO optimizer's fp32 master weights; exported (synced) in bf16; the update follows
+    the fp32 one to bf16 precision."""
+    bf = {**MODEL, "dtype": "bfloat16"}
+    args = {"lr": 1e-2, "threads": 1, "micro_batch": 4, "zero_stage": 2}
+    e = DeepSpeedEngine(EngineSpec(task="update", kind="train", model=bf, args=args, loss="grpo",
+                                   inputs=INPUTS, seed=0))
+    assert e.ds.bfloat16_enabled()
+    assert {p.dtype for p in e.ds.module.parameters()} == {torch.bfloat16}
+    assert {t.dtype for t in e.optimizer.single_partition_of_fp32_groups} == {torch.float32}
+    fp = DeepSpeedEngine(spec(**args))
+    start = {k: v.float() for k, v in e.export_weights().items()}
+    m, m_fp = e.train_step(batch), fp.train_step(batch)
+    w = e.export_weights()
+    assert {t.dtype for t in w.values()} == {torch.bfloat16}
+    assert m["tokens"] == m_fp["tokens"] and m["loss"] == pytest.approx(m_fp["loss"], rel=5e-2)
+    master = torch.cat([t.flatten() for t in e.optimizer.single_partition_of_fp32_groups])
+    assert float((master - master.bfloat16().float()).abs().max()) > 0  # not rounded to bf16
+    # AdamW's first step moves each weight by about lr along its gradient's sign: in bf16 the
+    # signs of the larger gradients are the fp32 run's
+    step = torch.cat([(w[k].float() - start[k]).flatten() for k in w])
+    step_fp = torch.cat([(fp.export_weights()[k] - start[k]).flatten() for k in w])
+    big = step_fp.abs() > 5e-3
+    assert big.sum() > 100 and float((step[big].sign() == step_fp[big].sign()).float().mean()) > 0.8
 
 
 def test_scorer_is_the_hf_scorer(batch):
@@ -147,13 +197,28 @@ def test_scorer_is_the_hf_scorer(batch):
         assert got == pytest.approx(want, abs=1e-6)
 
 
-def test_save_load_resumes_exactly(batch, tmp_path):
-    a = DeepSpeedEngine(spec(micro_batch=4, zero_stage=2))
+def no_pickles(directory) -> None:
+    """Every file of a checkpoint is JSON, safetensors or the tokenizer's text files."""
+    for root, _, files in os.walk(directory):
+        for f in files:
+            assert f.endswith((".json", ".safetensors", ".txt", ".jinja")), os.path.join(root, f)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_save_load_resumes_exactly(batch, tmp_path, monkeypatch, stage):
+    a = DeepSpeedEngine(spec(micro_batch=4, zero_stage=stage))
     a.train_step(batch)
     a.save(str(tmp_path / "ckpt"))
+    no_pickles(tmp_path / "ckpt")
     saved = a.export_weights()
-    b = DeepSpeedEngine(spec(micro_batch=4, zero_stage=2))
+    b = DeepSpeedEngine(spec(micro_batch=4, zero_stage=stage))
+
+    def no_torch_load(*_, **__):
+        raise AssertionError("a checkpoint read through torch.load (a pickle)")
+
+    monkeypatch.setattr(torch, "load", no_torch_load)
     b.load(str(tmp_path / "ckpt"))
+    monkeypatch.undo()
     assert b.version == 1 and max_diff(b.export_weights(), saved) == 0.0
     a.train_step(batch)
     b.train_step(batch)  # the Adam moments were restored too
@@ -176,7 +241,8 @@ SPLITS = {
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("stage,split", [(1, "halves"), (2, "uneven"), (2, "empty")])
+@pytest.mark.parametrize("stage,split", [(1, "halves"), (2, "uneven"), (2, "empty"),
+                                         (3, "uneven")])
 def test_two_replicas_reach_the_one_replica_weights(batch, stage, split):
     ray = pytest.importorskip("ray")
     args = dict(micro_batch=2, zero_stage=stage)
@@ -193,10 +259,15 @@ def test_two_replicas_reach_the_one_replica_weights(batch, stage, split):
         parts = [rows_of(batch, idx) for idx in SPLITS[split]]
         for _ in range(2):
             metrics = ray.get([e.train_step.remote(p) for e, p in zip(reps, parts)], timeout=300)
-        weights = ray.get([e.export_weights.remote() for e in reps], timeout=120)
+        if stage == 3:  # partitioned: rank 0 holds the gathered weights (the one that publishes)
+            weights = ray.get([reps[0].export_weights.remote()], timeout=120)
+            with pytest.raises(Exception, match="only replica 0"):
+                ray.get(reps[1].export_weights.remote(), timeout=120)
+        else:
+            weights = ray.get([e.export_weights.remote() for e in reps], timeout=120)
     finally:
         ray.shutdown()
-    assert max_diff(weights[0], weights[1]) == 0.0  # replicas stay identical
+    assert max_diff(weights[0], weights[-1]) == 0.0  # replicas stay identical
     assert max_diff(weights[0], one.export_weights()) < REPLICA_TOL
     for m in metrics:  # the global step's metrics, on every replica
         assert m["rows"] == 8 and m["tokens"] == m_one["tokens"]
@@ -217,3 +288,37 @@ def test_loss_mask_matches_the_hf_engine(batch):
     assert m_ds["tokens"] == m_hf["tokens"] == kept < sum(len(r.ids) for r in batch["response"])
     assert m_ds["loss"] == pytest.approx(m_hf["loss"], rel=1e-4, abs=1e-6)
     assert max_diff(ds.export_weights(), hf.export_weights()) < TOL
+
+
+@pytest.mark.ray
+def test_two_replicas_resume_from_their_checkpoints(batch, tmp_path):
+    """Each replica saves its part of the ZeRO-2 optimizer (safetensors + JSON) and loads it
+    back: a resumed pair takes the next step exactly as the pair that went on."""
+    ray = pytest.importorskip("ray")
+    args = dict(micro_batch=2, zero_stage=2)
+    parts = [rows_of(batch, idx) for idx in SPLITS["uneven"]]
+    dirs = [str(tmp_path / f"update_{r}") for r in range(2)]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = ray.remote(num_cpus=1)(DeepSpeedEngine)
+        port = free_port()
+        reps = [actor.remote(spec(replica=r, replicas=2, master_port=port, **args)) for r in range(2)]
+        ray.get([e.train_step.remote(p) for e, p in zip(reps, parts)], timeout=300)
+        ray.get([e.save.remote(d) for e, d in zip(reps, dirs)], timeout=300)
+        ray.get([e.train_step.remote(p) for e, p in zip(reps, parts)], timeout=300)
+        went_on = ray.get([e.export_weights.remote() for e in reps], timeout=120)
+        for e in reps:
+            ray.kill(e)
+        port = free_port()
+        again = [actor.remote(spec(replica=r, replicas=2, master_port=port, **args))
+                 for r in range(2)]
+        ray.get([e.load.remote(d) for e, d in zip(again, dirs)], timeout=300)
+        versions = ray.get([e.train_step.remote(p) for e, p in zip(again, parts)], timeout=300)
+        resumed = ray.get([e.export_weights.remote() for e in again], timeout=120)
+    finally:
+        ray.shutdown()
+    for d in dirs:
+        no_pickles(d)
+    assert [m["version"] for m in versions] == [2, 2]
+    assert max_diff(resumed[0], resumed[1]) == 0.0
+    assert max_diff(resumed[0], went_on[0]) < 1e-7

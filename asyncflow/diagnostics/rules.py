@@ -106,6 +106,14 @@ CODES = [
          (mutate("    loss: grpo\n    inputs: [prompt, response, logprobs, ref_logprobs, advantages]",
                  "    loss: grpo\n    replicas: 2\n    inputs: [prompt, response, logprobs, ref_logprobs, advantages]",
                  at="2\n    inputs: [prompt, response, logprobs, ref"),)),
+    Code("AF328", "train-replicas-split",
+         "train task '{task}' has replicas {replicas}: its replicas split each step by group, "
+         "fixed in advance, but {why}, so a step's rows are chosen as they become ready",
+         (_edit(("    engine: hf\n    model: policy\n    pool: train\n    loss: grpo",
+                 "    engine: deepspeed\n    model: policy\n    pool: train\n    loss: grpo\n"
+                 "    replicas: 2\n    consume: first_ready"),
+                ("  train: {devices: 1}", "  train: {devices: 2}"),
+                at="2\n    consume"),)),
     Code("AF325", "missing-for-kind", "task '{task}' of kind {kind} needs '{key}'{why}",
          (mutate("    engine: hf\n    model: reference\n", "    model: reference\n", at="ref:"),
           mutate("    fn: asyncflow.rewards:digits_match\n", "", at="score:"))),

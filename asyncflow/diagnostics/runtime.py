@@ -88,6 +88,10 @@ CODES = [
          "trainer at {at} for {waited} s ({error}): the trainer's process is gone or unreachable "
          "from this node (check that the nodes reach each other on any port), or set via: store "
          "on the sync edge"),
+    Code("AF637", "distributed-needs-processes",
+         "task '{task}': engine {engine} trains its {replicas} replicas as one torch.distributed "
+         "group, a process each, but the local backend runs every worker as a thread of one "
+         "process: run it on Ray (--backend ray, the default), or with replicas: 1"),
     Code("AF635", "refill-starved",
          "filter {tasks} dropped {groups} groups since the last train step, more than {rounds} "
          "steps' launches: with refill: true new prompts would be fed for ever; check the filter "

@@ -1,5 +1,5 @@
 """The ``deepspeed`` engine: the ``hf`` engine's model, batches and losses, trained through
-``deepspeed.initialize`` with ZeRO stage 1 or 2, data-parallel over the task's replicas.
+``deepspeed.initialize`` with ZeRO stage 1, 2 or 3, data-parallel over the task's replicas.
 
 ``DeepSpeedEngine(spec)`` is an :class:`~asyncflow.engines.hf.HFEngine` whose ``train`` kind
 replaces the torch optimiser loop with a DeepSpeed engine; the model building, the packed
@@ -15,7 +15,8 @@ Task args it reads, besides the hf engine's (``lr``, ``betas``, ``weight_decay``
 =================  ==============  =============================================================
 arg                default         meaning
 =================  ==============  =============================================================
-``zero_stage``     1               ZeRO stage: 1 (optimizer states partitioned) or 2 (+ grads)
+``zero_stage``     1               ZeRO stage: 1 (optimizer states partitioned), 2 (+ grads),
+                                   3 (+ parameters)
 ``master_addr``    127.0.0.1       rendezvous host of the data-parallel group (replica 0's)
 ``master_port``    a free port     rendezvous port; with ``replicas > 1`` every replica must
                    (1 replica),    get the same one (``spec.extra["master_port"]`` also works)
@@ -29,7 +30,8 @@ arg                default         meaning
 **Data parallelism.** Replica ``spec.replica`` of ``spec.replicas`` is rank ``replica`` of a
 ``replicas``-rank process group (the engine sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT`` so no launcher is needed). Every replica calls ``train_step``
-once per step with its own rows. The replicas first agree on the step's number of
+once per step with its own rows: its share of the step, which the plan gives it (lower rule 8),
+perhaps none. The replicas first agree on the step's number of
 micro-batches; each micro-batch loss is multiplied by the world size (DeepSpeed averages
 gradients over ranks) and the sum divided by the *global* normalizer (tokens for token-mean
 losses, sequences otherwise, summed over the replicas at the end), so the update equals one
@@ -58,11 +60,26 @@ still has one with tokens; one that has none (its stream ended, or its micro-bat
 tokens) runs a zero-loss micro-batch meanwhile, and the step ends when every stream has ended.
 This path is untested where deepspeed is not installed.
 
-**Checkpoints.** ``save(dir)`` writes the model as a local HF directory (replica 0; usable as a
-model ``init``) and a DeepSpeed checkpoint under ``dir/deepspeed`` (every replica writes its
-optimizer shard, so every replica must call it); ``load(dir)`` reads the latter back.
-``export(dir, dtype)`` (the hf engine's: ZeRO 1/2 leave every rank the full weights) writes
-the final model; the worker calls it on replica 0 only (:mod:`asyncflow.runtime.export`).
+**ZeRO-3** partitions the parameters as well: the module's parameters hold nothing outside a
+gather. After every step (and at start) all replicas gather them and rank 0 keeps a CPU copy:
+``export_weights`` (the weight sync) returns it, and ``export`` and ``save`` put it into the
+module's parameters while they write (and take it out again). Only rank 0 publishes and exports
+(lower rule 7) and a gather needs every rank, so it cannot wait for those calls.
+
+**bfloat16.** A model loaded in bfloat16 (``dtype: bfloat16``) turns on DeepSpeed's ``bf16``
+mode: bf16 weights, forward and backward, fp32 master weights in the ZeRO optimizer; the sync
+and the export carry bf16 weights (float16: DeepSpeed's ``fp16`` mode, untested).
+
+**Checkpoints** hold no pickles. ``save(dir)`` writes the model as a local HF directory (rank 0;
+usable as a model ``init``) and, on every replica (each must call it), its part of the ZeRO
+optimizer: ``dir/deepspeed/rank_R.safetensors`` (the fp32 master weights of its partition, the
+AdamW moments, the sampling RNG) and ``rank_R.json`` (the rest of DeepSpeed's optimizer state
+dict -- flags, counters, param groups, paddings -- with the loss scale and the version).
+``load(dir)`` reads them back (safetensors and JSON only) through the ZeRO optimizer's
+``load_state_dict`` with its fp32 weights; with ZeRO 1/2, rank 0 first reads the model into the
+module and broadcasts it (ZeRO-3 rebuilds its parameters from the fp32 partitions). The number
+of replicas and the stage must be the checkpoint's. ``export(dir, dtype)`` (the hf engine's)
+writes the final model; the worker calls it on replica 0 only (:mod:`asyncflow.runtime.export`).
 
 **On CPU** DeepSpeed uses its cpu accelerator and ``gloo``. Its first process group on a machine
 JIT-builds DeepSpeed's shared-memory comm op (about a minute on 2 cores, then cached under
@@ -74,6 +91,7 @@ import contextlib
 import copy
 import datetime
 import functools
+import json
 import os
 import socket
 from collections.abc import Iterable
@@ -82,7 +100,8 @@ import torch
 
 from asyncflow.engines import torch_common as tc
 from asyncflow.engines.base import Columns, EngineSpec
-from asyncflow.engines.hf import HFEngine
+from asyncflow.engines.hf import VALUE_HEAD, HFEngine
+from asyncflow.hfdir import VALUE_HEAD_FILE
 
 CKPT_TAG = "deepspeed"
 DEFAULT_PORT = 29500
@@ -104,7 +123,7 @@ class _Net(torch.nn.Module):
 
 
 class DeepSpeedEngine(HFEngine):
-    """A trainer through DeepSpeed ZeRO 1/2; a scorer as the hf engine (module docstring)."""
+    """A trainer through DeepSpeed ZeRO 1/2/3; a scorer as the hf engine (module docstring)."""
 
     # its replicas form one torch.distributed group: the worker gives each the group's meeting
     # point (replica 0's node address and a free port there) and the rank's local device
@@ -123,8 +142,9 @@ class DeepSpeedEngine(HFEngine):
         super()._build_trainer()  # loss settings, dropout off, AdamW over the parameters
         a = self.args
         stage = int(a.get("zero_stage", 1))
-        if stage not in (1, 2):
-            raise ValueError(f"task {self.spec.task!r}: zero_stage must be 1 or 2, not {stage}")
+        if stage not in (1, 2, 3):
+            raise ValueError(f"task {self.spec.task!r}: zero_stage must be 1, 2 or 3, not {stage}")
+        self.stage = stage
         self.world, self.rank = _init_distributed(self.spec, a)
         config = {
             "train_micro_batch_size_per_gpu": max(self.micro_batch, 1),
@@ -135,10 +155,17 @@ class DeepSpeedEngine(HFEngine):
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
+        dtype = next(self.model.parameters()).dtype
+        if dtype == torch.bfloat16:  # bf16 weights and compute, fp32 master weights in ZeRO
+            config["bf16"] = {"enabled": True}
+        elif dtype == torch.float16:
+            config["fp16"] = {"enabled": True}
         _merge(config, a.get("ds_config") or {})
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
             model=_Net(self), optimizer=self.optimizer, config=config,
             dist_init_required=False)
+        self._full = None  # ZeRO-3: rank 0's gathered weights after the last step
+        self._gather()
 
     # ------------------------------------------------------------------ Trainer
 
@@ -217,6 +244,7 @@ class DeepSpeedEngine(HFEngine):
         with _loss_scale_times(self.optimizer, norm):
             self.ds.step()
         self.version += 1
+        self._gather()
         grad_norm = self.ds.get_global_grad_norm()
         return step.result(norm, float(grad_norm) if grad_norm is not None else float("nan"),
                            self.version)
@@ -246,30 +274,141 @@ class DeepSpeedEngine(HFEngine):
         packed = tc.pack([[bos]], [[self.tokenizer.eos_id]], self.tokenizer.pad_id)
         self.ds.backward(self._forward(packed).sum() * 0.0)
 
+    # ------------------------------------------------------------------ ZeRO-3 weights
+
+    def _params(self):
+        return super()._params() if self.ds is None else list(self.ds.module.parameters())
+
+    def _gather(self) -> None:
+        """ZeRO-3 (parameters partitioned over the replicas): every replica takes part in
+        gathering the full weights after each step, and rank 0 keeps a CPU copy of them: the
+        weight sync, the export and the checkpoint's model are rank 0's alone (lower rule 7),
+        and a gather needs every rank. ZeRO 1/2 leave every rank the full weights: nothing."""
+        if self.ds is None or self.stage != 3:
+            return
+        import deepspeed
+
+        params = list(self.ds.module.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            self._full = HFEngine.export_weights(self) if self.rank == 0 else None
+
+    def export_weights(self) -> dict:
+        if self.ds is None or self.stage != 3:
+            return super().export_weights()
+        if self._full is None:
+            raise RuntimeError(f"task {self.spec.task!r}: only replica 0 holds the gathered "
+                               "ZeRO-3 weights")
+        return {k: v.clone() for k, v in self._full.items()}
+
+    @contextlib.contextmanager
+    def _host_weights(self):
+        """The module's parameters are the full weights inside (ZeRO-3 on rank 0: its gathered
+        copy, put in and taken out again; otherwise they already are)."""
+        if self.ds is None or self.stage != 3:
+            yield
+            return
+        named = [(n, p) for n, p in self.model.named_parameters()]
+        if self.value_head is not None:
+            named += [(VALUE_HEAD + n, p) for n, p in self.value_head.named_parameters()]
+        held = [p.data for _, p in named]
+        full = self.export_weights()
+        try:
+            for (n, p), data in zip(named, held):
+                p.data = full[n].to(data.device)
+            yield
+        finally:
+            for (_, p), data in zip(named, held):
+                p.data = data
+
+    def export(self, directory: str, dtype: str = "float32") -> None:
+        with self._host_weights():
+            super().export(directory, dtype)
+
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, directory: str) -> None:
-        """The model as a local HF directory (replica 0) and the DeepSpeed checkpoint (every
-        replica: each writes its optimizer shard)."""
+        """The model as a local HF directory (replica 0) and, for every replica, its part of
+        the ZeRO optimizer -- fp32 master weights and AdamW moments of its partition -- as
+        ``deepspeed/rank_R.safetensors`` with the rest of its state (counters, flags, param
+        groups, version) in ``deepspeed/rank_R.json``: no pickles (module docstring)."""
         if self.ds is None:
             return super().save(directory)
+        from safetensors.torch import save_file
+
         from asyncflow import models
 
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(os.path.join(directory, CKPT_TAG), exist_ok=True)
         if self.rank == 0:
-            models.save((self.model, self.tokenizer), directory)
-            self._save_value_head(directory)
-        self.ds.save_checkpoint(directory, tag=CKPT_TAG, client_state={
-            "version": self.version, "generator": self.generator.get_state()})
+            with self._host_weights():
+                models.save((self.model, self.tokenizer), directory)
+                self._save_value_head(directory)
+        sd = dict(self.optimizer.state_dict())
+        scaler = sd.pop("loss_scaler", None)
+        sd.pop("param_slice_mappings", None)  # for DeepSpeed's universal checkpoints only
+        tensors: dict = {"generator": self.generator.get_state()}
+        tree = _encode(sd, tensors, "optimizer")
+        meta = {"format": 1, "version": self.version, "world": self.world, "rank": self.rank,
+                "stage": self.stage, "optimizer": tree,
+                "loss_scale": float(getattr(scaler, "cur_scale", 1.0) or 1.0),
+                "counters": {k: int(getattr(self.ds, k, 0) or 0)
+                             for k in ("global_steps", "global_samples", "skipped_steps")}}
+        base = os.path.join(directory, CKPT_TAG, f"rank_{self.rank}")
+        save_file(tensors, base + ".safetensors", metadata={"format": "pt"})
+        with open(base + ".json", "w") as f:
+            json.dump(meta, f)
 
     def load(self, directory: str) -> None:
         if self.ds is None:
             return super().load(directory)
-        path, client = self.ds.load_checkpoint(directory, tag=CKPT_TAG)
-        if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint '{CKPT_TAG}' in {directory}")
-        self.version = int(client["version"])
-        self.generator.set_state(client["generator"])
+        from safetensors.torch import load_file
+
+        base = os.path.join(directory, CKPT_TAG, f"rank_{self.rank}")
+        if not os.path.exists(base + ".json"):
+            raise FileNotFoundError(f"no DeepSpeed checkpoint of rank {self.rank} in {directory}")
+        with open(base + ".json") as f:
+            meta = json.load(f)
+        if (meta["world"], meta["stage"]) != (self.world, self.stage):
+            raise ValueError(
+                f"task {self.spec.task!r}: the checkpoint in {directory} was saved by "
+                f"{meta['world']} replicas with ZeRO stage {meta['stage']}, not "
+                f"{self.world} with stage {self.stage}")
+        tensors = load_file(base + ".safetensors")
+        if self.stage != 3:  # the module's weights (ZeRO-3 rebuilds them from the fp32 ones)
+            self._load_module(directory)
+        sd = _decode(meta["optimizer"], tensors)
+        scaler = getattr(self.optimizer, "loss_scaler", None)
+        if scaler is not None and hasattr(scaler, "cur_scale"):
+            scaler.cur_scale = meta["loss_scale"]
+        sd["loss_scaler"] = scaler
+        self.optimizer.load_state_dict([sd] * self.world, load_optimizer_states=True,
+                                       load_from_fp32_weights=True)
+        for k, v in meta["counters"].items():
+            setattr(self.ds, k, v)
+        self.version = int(meta["version"])
+        self.generator.set_state(tensors["generator"])
+        self._gather()
+
+    def _load_module(self, directory: str) -> None:
+        """ZeRO 1/2: rank 0 reads the checkpoint's model (its HF directory's safetensors) into
+        the module and broadcasts every parameter to the other ranks."""
+        if self.rank == 0:
+            from safetensors.torch import load_file
+
+            state = {}
+            for name in sorted(os.listdir(directory)):
+                if name.endswith(".safetensors") and name.startswith("model"):
+                    state.update(load_file(os.path.join(directory, name)))
+            if self.value_head is not None:
+                head = os.path.join(directory, VALUE_HEAD_FILE)
+                state.update({VALUE_HEAD + k: v for k, v in load_file(head).items()})
+            with torch.no_grad():
+                self._load_state(state)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            with torch.no_grad():
+                for p in self._params():
+                    dist.broadcast(p.data, src=0)
 
 
 # ---------------------------------------------------------------------- process group
@@ -345,6 +484,37 @@ def _loss_scale_times(optimizer, factor: float):
         yield
     finally:
         optimizer.loss_scale = optimizer.loss_scale / factor
+
+
+def _encode(v, tensors: dict, path: str):
+    """A state tree as JSON, its tensors moved to ``tensors`` under their path (``{"__t":
+    path}``); tuples and dicts with non-string keys kept apart so :func:`_decode` rebuilds it."""
+    if torch.is_tensor(v):
+        tensors[path] = v.detach().to("cpu").clone().contiguous()
+        return {"__t": path}
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, (int, float)):  # an IntEnum (ZeRO's stage) as its number
+        return int(v) if isinstance(v, int) else float(v)
+    if isinstance(v, (list, tuple)):
+        items = [_encode(x, tensors, f"{path}.{i}") for i, x in enumerate(v)]
+        return {"__tuple": items} if isinstance(v, tuple) else items
+    if isinstance(v, dict):
+        return {"__items": [[k if isinstance(k, str) else int(k),
+                             _encode(x, tensors, f"{path}.{k}")] for k, x in v.items()]}
+    raise TypeError(f"cannot store {type(v).__name__} at {path} in a checkpoint without pickles")
+
+
+def _decode(v, tensors: dict):
+    if isinstance(v, list):
+        return [_decode(x, tensors) for x in v]
+    if isinstance(v, dict):
+        if "__t" in v:
+            return tensors[v["__t"]]
+        if "__tuple" in v:
+            return tuple(_decode(x, tensors) for x in v["__tuple"])
+        return {k: _decode(x, tensors) for k, x in v["__items"]}
+    return v
 
 
 def _merge(base: dict, extra: dict) -> None:

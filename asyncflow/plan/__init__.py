@@ -158,6 +158,9 @@ class Op:
     min_rows: int = 1  # READ: the fewest rows it waits for (fewer only when a step has drops)
     chunk: int = 0  # READ of a continuous-batching loop: the most rows one pull leases
     lease_s: float = 0.0  # READ: seconds before an unacked lease is re-issued (0: the run's)
+    # READ of replica k of a data-parallel trainer's n replicas: [k, n], its share of every
+    # step -- the step's groups g with g % n == k (lower rule 8); []: the whole step
+    share: list[int] = field(default_factory=list)
 
 
 @dataclass

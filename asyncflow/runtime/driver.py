@@ -383,6 +383,10 @@ class Driver:
         drops: dict[str, int] = {}
         done: dict[str, int] = {t: start for t in trainers}
         pending_reports: dict[int, dict] = {}  # step -> {task: report}
+        # a data-parallel trainer's replicas each report their share of a step (lower rule 8):
+        # (step, task) -> {replica: report}, merged into the task's report once all are in
+        n_replicas = {t.name: t.replicas for t in plan.tasks if t.kind == "train"}
+        shares: dict[tuple, dict] = {}
         launch = st.launch_groups or st.prompts_per_step  # groups launched per step
         spp = st.samples_per_prompt
         fed = first_row // spp  # groups fed so far
@@ -435,6 +439,12 @@ class Driver:
                 if c["reports"]:
                     watch["t"] = time.time()
                 for task, rep in c["reports"]:
+                    if n_replicas.get(task, 1) > 1:  # a data-parallel trainer: one per replica
+                        got = shares.setdefault((rep["step"], task), {})
+                        got[int(rep.get("replica", 0))] = rep
+                        if len(got) < n_replicas[task]:
+                            continue
+                        rep = merged_shares(shares.pop((rep["step"], task)))
                     pending_reports.setdefault(rep["step"], {})[task] = rep
                     if rep.get("export"):  # the newest trained model, in RUN_DIR/final
                         self.exports[rep["export"]["model"]] = rep["export"]
@@ -881,3 +891,28 @@ class Driver:
 def run_plan(plan: Plan, backend: str = "local", **kw) -> RunResult:
     """Execute ``plan`` (see :class:`Driver` for the keyword arguments)."""
     return Driver(plan, backend, **kw).run()
+
+
+def merged_shares(reps: dict[int, dict]) -> dict:
+    """One train step's report of a data-parallel trainer from its replicas' (``{replica:
+    report}``, each of its share of the step's rows): the rows, their rewards and staleness
+    together in row order; the metrics, samples, checkpoint and export replica 0's (the metrics
+    are the global step's on every replica; only replica 0 exports); the slowest compute."""
+    first = reps[min(reps)]
+    triples = sorted((r, rw, st) for rep in reps.values()
+                     for r, rw, st in zip(rep["rows"], _padded(rep.get("rewards"), rep["rows"]),
+                                          _padded(rep.get("staleness"), rep["rows"])))
+    rewarded = all(len(rep.get("rewards") or []) == len(rep["rows"]) for rep in reps.values())
+    return {**first, "rows": [t[0] for t in triples],
+            "rewards": [t[1] for t in triples] if rewarded else [],
+            "staleness": [t[2] for t in triples],
+            "checkpoint": first.get("checkpoint") or next(
+                (r["checkpoint"] for r in reps.values() if r.get("checkpoint")), None),
+            "next_row": max(r.get("next_row") or 0 for r in reps.values()),
+            "compute_s": max(r.get("compute_s", 0.0) for r in reps.values())}
+
+
+def _padded(values, rows) -> list:
+    values = list(values or [])
+    return values + [None] * (len(rows) - len(values))
+

@@ -114,6 +114,10 @@ class StepReads:
         primary chose."""
         spp, pps = self.st.samples_per_prompt, self.st.prompts_per_step
         lease_s = op.lease_s or None
+        # a data-parallel trainer's replica reads only its share of the step: the plan's
+        # [k, n], the step's groups g with g % n == k (lower rule 8); the others' are theirs
+        k, n = op.share if op.share else (0, 1)
+        mine = (lambda r: int(r) // spp % n == k) if n > 1 else None
         t = time.time()
 
         def got(lease):
@@ -130,7 +134,7 @@ class StepReads:
                 rows = self.control.chosen(step)
                 if rows is None:
                     yield None
-            need = set(rows)
+            need = set(r for r in rows if mine is None or mine(r))
             while need:
                 if self._sync():
                     raise Stop()
@@ -166,6 +170,8 @@ class StepReads:
             while True:
                 g_end, live = self.windows.window(g0)
                 lo, hi = g0 * spp, g_end * spp
+                if mine is not None:  # this replica's share of the window (possibly none)
+                    live = [r for r in live if mine(r)]
                 if redundant:  # whole groups, no row of them removed, until pps are taken
                     counts: dict[int, int] = {}
                     for r in live:
@@ -186,7 +192,8 @@ class StepReads:
                 got_ = self._lease_step(
                     want, step=step, min_rows=least, max_row=hi, whole_groups=redundant,
                     group_size=spp, lease_s=lease_s, split=split,
-                    filter_fn=_AtLeast(lo) if lo and self.task.replicas > 1 else None)
+                    filter_fn=(_Share(lo, spp, k, n) if mine is not None
+                               else _AtLeast(lo) if lo and self.task.replicas > 1 else None))
                 for lease in got_:
                     have.update(lease.rows)
                     yield got(lease)
@@ -243,6 +250,17 @@ class _InSet:
 
     def __call__(self, r: dict) -> bool:
         return r["_row"] in self.rows
+
+
+class _Share:
+    """A picklable row filter: rows with index >= lo of the groups g with g % n == k (a data-
+    parallel trainer replica's share of a step, lower rule 8)."""
+
+    def __init__(self, lo: int, spp: int, k: int, n: int):
+        self.lo, self.spp, self.k, self.n = lo, max(1, spp), k, n
+
+    def __call__(self, r: dict) -> bool:
+        return r["_row"] >= self.lo and r["_row"] // self.spp % self.n == self.k
 
 
 class _AtLeast:

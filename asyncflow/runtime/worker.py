@@ -203,6 +203,8 @@ class Worker(ServeLoop, StepReads):
         self._newer: dict = {}
         self._idle = False  # the last READ found nothing
         self._cursor = int(self.opt.get("start_step", 0)) + self.wp.replica  # step READs
+        # a data-parallel trainer's replica: its READs take its share of each step (lower rule 8)
+        self.shares = any(o.share for o in self.body if o.kind == "READ")
         self._last_sync = 0.0
         self._rewards: list = []  # (rows, values) to report
         self._drops: list = []  # (rows, reason) to report
@@ -524,6 +526,11 @@ class Worker(ServeLoop, StepReads):
                 spec.extra["device"] = self._device["device"]
             spec.extra["run_dir"] = self.opt.get("run_dir")  # where an engine may keep files
             if getattr(cls, "distributed", False) and self.task.replicas > 1:
+                if not self.use_ray:  # one process group per process: threads cannot be ranks
+                    from asyncflow.errors import TaskError
+
+                    raise TaskError("AF637", self.task, engine=self.task.engine,
+                                    replicas=self.task.replicas)
                 spec.extra.update(devices.rendezvous(
                     self.control, self.task.name, self.wp.replica,
                     int(self.opt.get("group_generation", 0)), self.use_ray))
@@ -691,7 +698,12 @@ class Worker(ServeLoop, StepReads):
             self._check()
             return True
         if self.loop == "train":  # a trainer's runner returns metrics, not columns
-            it["metrics"] = self.call(self._to_roles(dict(it.get("cols") or {}))) if rows else {}
+            if rows:
+                it["metrics"] = self.call(self._to_roles(dict(it.get("cols") or {})))
+            elif self.shares:  # an empty share still joins the replicas' collectives
+                it["metrics"] = self.call(self._to_roles({f: [] for f in self.task.inputs}))
+            else:
+                it["metrics"] = {}
             version = it["step"]
         elif self.engine is not None:
             out = self.call(self._to_roles(it["cols"]))
@@ -808,7 +820,7 @@ class Worker(ServeLoop, StepReads):
 
             exported = export.write_final(self.engine, run_dir, self.plan, self.task.name, step + 1)
         self.control.report_step(self.task.name, {
-            "checkpoint": ckpt, "export": exported, "step": step, "version": step + 1, "end": time.time(),
+            "replica": self.wp.replica, "checkpoint": ckpt, "export": exported, "step": step, "version": step + 1, "end": time.time(),
             "rows": rows, "staleness": [self.accept.staleness(step, v) for v in versions],
             "rewards": list(cols.get(self.reward) or []) if self.reward else [],
             "metrics": _plain_metrics(it.get("metrics")), "publish_s": it.get("publish_s", 0.0),

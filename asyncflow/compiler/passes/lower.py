@@ -35,7 +35,13 @@ WRITE lowering). Two separate functions build it:
      groups when an input comes in groups). A ``consume: first_ready`` trainer's READs say so in
      their note (the shape stays rule 1's; the runtime reads ``TaskPlan.consume``);
   7. of a trainer's replicas (data parallel: identical weights after every step) only replica 0
-     PUBLISHes: the others' op lists have no PUBLISH.
+     PUBLISHes: the others' op lists have no PUBLISH;
+  8. a data-parallel trainer's replicas split every step: replica k of n READs only its share,
+     the step's groups g with ``g % n == k`` (``Op.share = [k, n]``; a group is never split,
+     so a removal or a staleness drop stays inside one share). Every replica trains every step,
+     an empty share too (fewer groups than replicas): it still joins the step's all-reduces.
+     The split needs the step's groups fixed in advance (``in_order`` without redundancy or
+     refill: validate, AF328).
 
 Every :class:`TaskPlan` carries its scheduling keys with the kind's defaults filled in, and the
 :class:`StepPlan` the groups a step launches (``launch_groups``) and the drop reasons whose groups
@@ -271,9 +277,14 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
             # rule 7: of a data-parallel trainer's replicas (identical weights) only rank 0
             # publishes; the others would send the same version again
             mine = [o for o in ops if not (o.kind == "PUBLISH" and w["replica"] > 0)]
+            # rule 8: each replica of a data-parallel trainer reads its share of every step
+            share = ([w["replica"], d.replicas]
+                     if d.replicas > 1 and kinds.KINDS[d.kind].loop == "train" else [])
             workers.append(WorkerPlan(w["id"], n, w["replica"], d.pool, list(w["bundles"]),
                                       plain(w["resources"]),
-                                      [Op(**{**o.__dict__, "fields": list(o.fields)}) for o in mine],
+                                      [Op(**{**o.__dict__, "fields": list(o.fields),
+                                             "share": list(share) if o.kind == "READ" else []})
+                                       for o in mine],
                                       w.get("process") or w["id"], list(w.get("devices", []))))
     return Plan(
         pipeline=p.name, source_file=ctx.source_file, seed=p.seed,

@@ -343,6 +343,13 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
             # rows (asyncflow.runtime.worker); deepspeed runs data parallel itself
             d.add("AF327", t.locs.get("replicas", t.loc), task=t.name, replicas=t.replicas,
                   engine=t.engine)
+        elif t.kind == "train" and isinstance(t.replicas, int) and t.replicas > 1:
+            # the replicas split each step by group (lower rule 8): the step's groups must be
+            # fixed in advance, not chosen as they become ready
+            why = _unsplittable(p)
+            if why:
+                d.add("AF328", t.locs.get("replicas", t.loc), task=t.name,
+                      replicas=t.replicas, why=why)
         if t.estimator is not None and t.kind == "advantage":
             _estimator(graph, t, ESTIMATORS, d)
         if t.loss is not None and t.kind == "train" and t.loss not in LOSSES:
@@ -658,6 +665,21 @@ def _shown(v: Any) -> str:
     if isinstance(v, list):
         return f"a list of {len(v)}"
     return "a mapping" if isinstance(v, dict) else type(v).__name__
+
+
+def _unsplittable(p: ast.Pipeline) -> str | None:
+    """Why a data-parallel trainer's steps cannot be split between its replicas in advance
+    (lower rule 8), if they cannot: a step's rows are chosen as they become ready."""
+    from asyncflow.kinds import SCHED
+
+    for u in p.tasks.values():
+        if u.kind == "train" and u.consume == "first_ready":
+            return f"train task '{u.name}' consumes first_ready"
+        if u.kind == "rollout" and _is_num(u.redundancy) and u.redundancy > 1:
+            return f"rollout '{u.name}' has redundancy {u.redundancy:g}"
+        if u.kind == "filter" and (u.refill if u.refill is not None else SCHED["refill"].default):
+            return f"filter '{u.name}' refills the groups it drops"
+    return None
 
 
 # -- 7. scheduling keys ---------------------------------------------------------------------------
