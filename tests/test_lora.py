@@ -73,7 +73,7 @@ def test_a_lora_run_exports_the_merged_model_and_the_adapter(tmp_path):
     p = tmp_path / "p.yaml"
     p.write_text(PIPELINE)
     cmd = [sys.executable, "-m", "asyncflow.cli", "run", str(p), "--backend", "local", "--steps", "3",
-           "--out", str(tmp_path / "run"), "--quiet",
+           "--out", str(tmp_path / "run"), "--quiet", "--checkpoint-every", "1",
            "--set", "models.policy.lora={r: 4, alpha: 16}", "--set", "step.prompts_per_step=4",
            "--set", "tasks.update.args.lr=0.05"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
@@ -101,6 +101,15 @@ print("diff", float((a - b).abs().max()), "moved", float((a - base).abs().max())
     assert out.returncode == 0, out.stderr[-2000:]
     diff, moved = (float(x) for x in out.stdout.split()[1::2])
     assert diff < 1e-4 and moved > 1e-3, out.stdout  # merged == base + adapter, and it trained
+    # an earlier step's export, from its checkpoint, has its adapter too
+    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "export", str(tmp_path / "run"),
+                        "--step", "2", "-o", str(tmp_path / "step2")],
+                       capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    step2 = tmp_path / "step2" / "policy"
+    assert json.loads((step2 / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    assert (step2 / "adapter" / "adapter_model.safetensors").read_bytes() != \
+        (final / "adapter" / "adapter_model.safetensors").read_bytes()  # step 2's, not the last
 
 
 def test_an_adapter_the_model_cannot_take_is_af653_naming_its_linear_layers():

@@ -48,6 +48,7 @@ from asyncflow.hfdir import (INFO, VALUE_HEAD_FILE, _cast, _set_config_dtype, _t
 #: what a checkpoint's engine directory holds that an export leaves out (optimizer, RNG,
 #: DeepSpeed's shards and helper script)
 NOT_EXPORTED = ("engine_state.pt", "latest", "zero_to_fp32.py")
+ADAPTER_DIR = "adapter"  # a LoRA model's adapter (asyncflow.lora), exported beside the merged model
 _TMP = ".tmp-"
 _OLD = ".old-"
 
@@ -157,7 +158,8 @@ class Unreadable(Exception):
 def from_checkpoint(engine_dir: str, out: str, dtype: str, info: dict) -> str:
     """A checkpoint's engine directory (a Hugging Face directory written by the engine's
     ``save``) as a clean export in ``out``: every ``*.safetensors`` cast to ``dtype``, the
-    config's ``dtype`` set, the other files (tokenizer, generation config) copied; optimizer
+    config's ``dtype`` set, the other files (tokenizer, generation config) and a LoRA run's
+    ``adapter/`` copied; optimizer
     state, RNG and DeepSpeed shards left out. Atomic as :func:`place`."""
     if not os.path.exists(os.path.join(engine_dir, "config.json")):
         raise Unreadable(f"{engine_dir} holds no config.json (its engine wrote no model)")
@@ -169,6 +171,9 @@ def from_checkpoint(engine_dir: str, out: str, dtype: str, info: dict) -> str:
     try:
         for name in sorted(os.listdir(engine_dir)):
             src = os.path.join(engine_dir, name)
+            if os.path.isdir(src) and name == ADAPTER_DIR:  # a LoRA run's adapter, as peft wrote it
+                shutil.copytree(src, os.path.join(tmp, name))
+                continue
             if os.path.isdir(src) or name in NOT_EXPORTED or name.endswith(".pt"):
                 continue
             if name.endswith(".safetensors"):
