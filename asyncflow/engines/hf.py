@@ -186,31 +186,32 @@ class HFEngine:
             return [], []
         keys = list(rows) if rows is not None else range(n)
         caps = [length_cap(self.length_dist, k) for k in keys]
-        cap_t = torch.tensor(caps)
+        dev = self.device  # sampling runs there: per token only one flag comes to the host
+        cap_t = torch.tensor(caps, device=dev)
         pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
         ids, mask = tc.left_pad(prompts, pad)
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask = ids.to(dev), mask.to(dev)
         pos = tc.positions(mask)
-        tokens = torch.empty((n, 0), dtype=torch.long)
-        logps = torch.empty((n, 0), dtype=torch.float32)
-        done = torch.zeros(n, dtype=torch.bool)
+        tokens = torch.empty((n, 0), dtype=torch.long, device=dev)
+        logps = torch.empty((n, 0), dtype=torch.float32, device=dev)
+        done = torch.zeros(n, dtype=torch.bool, device=dev)
         cache, step_ids, step_pos = None, ids, pos
         for step in range(max(caps)):
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                              use_cache=True, logits_to_keep=1, **{tc.cache_kw(self.model): cache})
             cache = tc.out_cache(out)
-            tok, lp = tc.sample(out.logits[:, -1].cpu(), self.temperature, self.top_p,
-                                self.generator)
+            tok, lp = tc.sample(out.logits[:, -1], self.temperature, self.top_p, self.generator)
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             tokens = torch.cat([tokens, tok[:, None]], dim=1)
             logps = torch.cat([logps, lp[:, None]], dim=1)
             done = done | (tok == eos) | (cap_t <= step + 1)
             if bool(done.all()):
                 break
-            step_ids = tok[:, None].to(self.device)
+            step_ids = tok[:, None]
             step_pos = step_pos[:, -1:] + 1
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], 1)
         out_ids, out_lps = [], []
+        tokens, logps = tokens.cpu(), logps.cpu()
         for i in range(n):
             row = tokens[i].tolist()[:caps[i]]
             length = row.index(eos) + 1 if eos in row else len(row)

@@ -98,7 +98,7 @@ def sample_rows(logits: torch.Tensor, temperature: float, top_p: float,
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     cum = probs.cumsum(-1)
     u = torch.cat([torch.rand((1, 1), generator=g, dtype=cum.dtype) for g in generators])
-    u = u * cum[:, -1:]
+    u = u.to(cum.device) * cum[:, -1:]
     tokens = torch.searchsorted(cum, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
@@ -235,7 +235,8 @@ class HFTurnServer(QueueServer):
 
     def _draw(self, logits: torch.Tensor, reqs: list[_Request]):
         e = self.engine
-        return sample_rows(logits.cpu(), e.temperature, e.top_p, [r.generator for r in reqs])
+        tokens, logps = sample_rows(logits, e.temperature, e.top_p, [r.generator for r in reqs])
+        return tokens.cpu(), logps.cpu()  # on the device until here: B ids, not [B, V] logits
 
     def _take(self, reqs: list[_Request], tokens, logps) -> list[int]:
         """Append each request's new token; the indices of those now finished (emitted)."""

@@ -114,7 +114,9 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
 
     The log-prob is that of the temperature-scaled distribution over the whole vocabulary
     (``log softmax(logits / T)``), the quantity scorers and trainers recompute; ``top_p`` only
-    restricts the draw. ``temperature <= 0`` is greedy (log-prob at T = 1)."""
+    restricts the draw. ``temperature <= 0`` is greedy (log-prob at T = 1). ``logits`` may live
+    on any device: the work runs there (no copy of [B, V] to the host per token), only the B
+    uniforms come from ``generator`` (a CPU generator: the same draws on every device)."""
     if temperature <= 0:
         tokens = logits.argmax(-1)
         return tokens, token_logprobs(logits, tokens)
@@ -131,7 +133,8 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
     # right=True the first column whose cumulative mass exceeds u is taken, so a column of zero
     # mass (cut by top_p) is never drawn.
     cum = probs.cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=cum.dtype) * cum[:, -1:]
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=cum.dtype)
+    u = u.to(cum.device) * cum[:, -1:]
     tokens = torch.searchsorted(cum, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
