@@ -175,6 +175,9 @@ HF_ARGS = (
     *_ADAMW,
     Arg("gradient_checkpointing", "bool", False, "recompute activations in the backward pass "
         "instead of keeping them (less memory, about a third more compute)", _T),
+    Arg("fp32_master", "bool", False, "for a model in bfloat16 or float16: keep float32 master "
+        "weights and AdamW state, step them and cast the result back (mixed precision: updates "
+        "below the model dtype's resolution are not lost)", _T),
 )
 
 VLLM_ARGS = (

@@ -48,7 +48,8 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                 "(downloaded at start-up when online; with HF_HUB_OFFLINE=1 it must be cached). "
                 "`check` and `compile` say which. Give init or copy_of, not both.",
         "dtype": "The weights' dtype: float32, bfloat16 or float16 (default: the copied "
-                 "model's, else float32). Log-probabilities are computed in float32.",
+                 "model's, else bfloat16 on GPUs and float32 on CPU slots). Log-probabilities "
+                 "are computed in float32.",
         "args": "Keyword arguments of the init factory.",
         "copy_of": "Start as a copy of this other model, with weights of its own (e.g. a "
                    "frozen reference).",

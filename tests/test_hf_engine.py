@@ -260,3 +260,40 @@ def test_gradient_checkpointing_trains_the_same_steps():
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     wa, wb = plain.export_weights(), ckpt.export_weights()
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
+
+
+def test_fp32_master_keeps_updates_a_bfloat16_model_cannot_hold(tmp_path):
+    """``fp32_master: true`` on a bfloat16 model: AdamW steps float32 masters (its state is
+    float32) and the model holds their bfloat16 cast. At lr 1e-5 a step moves every weight by
+    about 1e-5, below bfloat16's resolution at the weights' size: the plain bf16 trainer loses
+    almost every update, the masters keep them; checkpoints carry the masters (resume exact)."""
+    import torch
+
+    bf16 = {**MODEL, "dtype": "bfloat16"}
+    gen = rollout()
+    batch = fixed_batch(gen, n=4)
+    args = {"lr": 1e-5, "micro_batch": 4, "max_grad_norm": None}
+    plain = engine("train", args, loss="grpo", model=bf16)
+    mixed = engine("train", {**args, "fp32_master": True}, loss="grpo", model=bf16)
+    assert plain.masters is None and all(m.dtype == torch.float32 for m in mixed.masters)
+    start = {n: p.detach().float().clone() for n, p in mixed.model.named_parameters()}
+    start_masters = [m.detach().clone() for m in mixed.masters]
+    for _ in range(3):
+        plain.train_step(batch)
+        mixed.train_step(batch)
+    state = mixed.optimizer.state[mixed.masters[0]]
+    assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+    moved = [float((m - s).abs().max()) for m, s in zip(mixed.masters, start_masters)]
+    assert all(x > 1e-6 for x in moved)  # every master took its updates
+    for p, m in zip(mixed._params(), mixed.masters):
+        assert p.dtype == torch.bfloat16 and torch.equal(p, m.to(torch.bfloat16))
+    changed = lambda e: sum(int((p.detach().float() != start[n]).sum())  # noqa: E731
+                            for n, p in e.model.named_parameters())
+    print("bf16 elements changed: plain", changed(plain), "mixed", changed(mixed))
+    assert changed(plain) < changed(mixed)
+    # resume: masters come back exactly, not from the bf16 weights
+    mixed.save(str(tmp_path / "ck"))
+    again = engine("train", {**args, "fp32_master": True}, loss="grpo", model=bf16)
+    again.load(str(tmp_path / "ck"))
+    assert all(torch.equal(a, b) for a, b in zip(again.masters, mixed.masters))
+    assert again.train_step(batch)["loss"] == mixed.train_step(batch)["loss"]

@@ -80,6 +80,7 @@ class HFEngine:
                 torch.nn.init.normal_(self.value_head.weight, std=0.02)
                 torch.nn.init.zeros_(self.value_head.bias)
         self.optimizer = None
+        self.masters = None  # fp32_master: float32 copies of the trained weights
         if spec.kind == "train":
             self._build_trainer()
         else:
@@ -303,8 +304,11 @@ class HFEngine:
         if a.get("gradient_checkpointing"):  # non-reentrant: no input needs requires_grad (LoRA)
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
+        # fp32_master: AdamW over float32 copies of a low-precision model's trained weights
+        self.masters = ([torch.nn.Parameter(p.detach().float().clone()) for p in self._params()]
+                        if a.get("fp32_master") and self.model.dtype != torch.float32 else None)
         self.optimizer = torch.optim.AdamW(
-            self._params(), lr=float(a.get("lr", 1e-4)),
+            self.masters or self._params(), lr=float(a.get("lr", 1e-4)),
             betas=tuple(a.get("betas", (0.9, 0.999))), eps=float(a.get("adam_eps", 1e-8)),
             weight_decay=float(a.get("weight_decay", 0.0)))
 
@@ -366,6 +370,11 @@ class HFEngine:
             del loss, packed  # the graph goes now, not when the next micro-batch arrives
         norm = step.normaliser(self.loss_agg, self.loss_cfg.norm_length)
         params = self._params()
+        if self.masters is not None:  # the gradients move to the float32 masters
+            for p, m in zip(params, self.masters):
+                m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+            params = self.masters
         for p in params:
             if p.grad is not None:
                 p.grad.div_(norm)
@@ -375,6 +384,10 @@ class HFEngine:
             grad_norm = torch.sqrt(sum(((p.grad.detach() ** 2).sum() for p in params
                                         if p.grad is not None), torch.zeros(())))
         self.optimizer.step()
+        if self.masters is not None:
+            with torch.no_grad():
+                for p, m in zip(self._params(), self.masters):
+                    p.copy_(m)  # cast to the model's dtype
         self.version += 1
         return step.result(norm, float(grad_norm), self.version)
 
@@ -471,6 +484,7 @@ class HFEngine:
         torch.save({
             "weights": self.export_weights(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "masters": [m.detach() for m in self.masters] if self.masters is not None else None,
             "version": self.version,
             "generator": self.generator.get_state(),
         }, os.path.join(directory, STATE_FILE))
@@ -505,6 +519,14 @@ class HFEngine:
     def load(self, directory: str) -> None:
         state = torch.load(os.path.join(directory, STATE_FILE), weights_only=True)
         self._load_state(state["weights"])
+        if self.masters is not None and state.get("masters") is not None:
+            with torch.no_grad():
+                for m, saved in zip(self.masters, state["masters"]):
+                    m.copy_(saved)
+        elif self.masters is not None:  # a checkpoint without masters: from the weights
+            with torch.no_grad():
+                for m, p in zip(self.masters, self._params()):
+                    m.copy_(p)
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
