@@ -219,3 +219,42 @@ def test_hf_engine_takes_a_streamed_and_a_partial_update():
     got = gen.export_weights()
     assert gen.version == 3 and torch.equal(got[one], changed[one])
     assert all(torch.equal(got[k], want[k]) for k in names if k != one)
+
+
+@pytest.mark.ray
+@pytest.mark.engine
+def test_a_run_on_ray_survives_a_rollout_and_a_trainer_death(tmp_path):
+    """The main job on Ray with its weights through the collective: the rollout is killed at
+    step 2 (it comes back as a new member of a new group) and the trainer at step 3 (it restarts
+    from its step-2 checkpoint elsewhere: a new address the rollout follows); every step trains
+    its rows, and the weights keep arriving through the collective after both deaths."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    cmd = [sys.executable, "-m", "asyncflow.cli", "run", os.path.join(root, "pipelines", "grpo_digits.yaml"),
+           "--steps", "6", "--out", str(tmp_path / "run"), "--quiet", "--checkpoint-every", "2",
+           "--inject", "kill@step2:generate/0", "--inject", "kill@step3:update",
+           "--set", "models.policy.args.layers=1", "--set", "models.policy.args.hidden=16",
+           "--set", "step.prompts_per_step=2", "--set", "step.samples_per_prompt=4",
+           "--set", "data.prompts.args.n=64", "--set", "tasks.generate.args.max_new_tokens=4",
+           "--set", "tasks.update.args.micro_batch=8"]
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(root)}
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    run = tmp_path / "run"
+    plan = json.loads((run / "plan.json").read_text())
+    assert [s["via"] for s in plan["sync"]] == ["collective"]
+    workers = json.loads((run / "workers.json").read_text())
+    assert workers["generate/0"]["restarts"] == 1 and workers["update/0"]["restarts"] == 1
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in rows if "reward_mean" in x]
+    assert sorted(x["step"] for x in steps) == list(range(6))
+    assert all(x["staleness_max"] is None or x["staleness_max"] <= 1 for x in steps)
+    resumed = json.loads((run / "resume.jsonl").read_text().splitlines()[-1])
+    assert resumed["checkpoint"] == "step_2"  # the run after the trainer's death: steps 2-5
+    late = [x.get("sync_bytes", 0) for x in steps if x["step"] >= 2]
+    assert sum(late) > 0, rows  # after both deaths the weights still came through the collective
