@@ -73,6 +73,7 @@ def test_two_replicas_on_the_local_backend_are_af637(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # 41 s here: out of CI's budget (the engine-level ZeRO-3 resume tests run there)
 def test_zero3_replicas_checkpoint_and_resume_through_the_runtime(tmp_path):
     """ZeRO-3 over two replicas through the runtime: replica 0 publishes and exports the gathered
     weights; every replica checkpoints its part of the optimizer without pickles, and --resume
