@@ -15,9 +15,12 @@ def _workers(tmp_path) -> dict:
 
 
 def test_sigkill_one_of_several_rollout_workers_on_ray(tmp_path):
-    r, wall = run_cli(tmp_path, "--inject", "kill@step2:generate/1", backend="ray", steps=6)
+    # kill@step2 strikes when generate/1 computes its first rows of step >= 2; with 6 steps, on
+    # a loaded machine the other replicas could lease every row of steps 2-5 first, so the kill
+    # never struck (restarts 0, seen under load): 8 steps give it twice as many rows to meet
+    r, wall = run_cli(tmp_path, "--inject", "kill@step2:generate/1", backend="ray", steps=8)
     assert r.returncode == 0, r.stderr[-3000:]
-    check_rows(tmp_path / "run", 6)
+    check_rows(tmp_path / "run", 8)
     w = _workers(tmp_path)
     assert w["generate/1"]["restarts"] == 1 and w["generate/1"]["status"] == "stopped"
     assert "workers restarted      │              1" in r.stdout.replace("\u2502", "│")
