@@ -175,6 +175,38 @@ def test_update_weights_reaches_the_kernels(to_update):
     assert max_diff(out["logprobs"], old) > 0.1  # the weights really changed
 
 
+def test_weights_through_the_collective_reach_the_kernels(to_update):
+    """(Placed before the tests that make and close engines of their own: vLLM's process-wide
+    state ends with the first engine closed.) A trainer's weights through a collective edge (asyncflow.runtime.collective, gloo here)
+    into vLLM's own loader, bucket by bucket: the rollout then scores as an hf model holding the
+    same weights; a delta of one changed tensor arrives as a partial update of a few bytes."""
+    from asyncflow.runtime.collective import Receiver, Sender, feed
+
+    engine = to_update
+    _, new = perturbed(0.1, seed=5)
+    sender = Sender("policy", "127.0.0.1", None, 64 << 10, True, timeout=60)
+    scorer = HFEngine(spec("logprob", temperature=0.7))
+    try:
+        rec = Receiver("generate/0", None, delta=True, timeout=60)
+        for version, weights in ((5, new), (6, None)):
+            if weights is None:  # the next version: one tensor moved in 4 places
+                weights = dict(new)
+                k = "model.layers.0.mlp.down_proj.weight"
+                weights[k] = new[k].clone()
+                weights[k][0, :4] += 0.5
+            got, chunks, partial = rec.fetch(sender.publish(version, weights))
+            assert got == version and partial == (version == 6)
+            feed(engine, got, chunks, partial, rec)
+            assert engine.version == version
+            out = engine.generate({"prompt": PROMPTS, "_row": rows(len(PROMPTS))})
+            batch = {"prompt": PROMPTS, "response": out["response"]}
+            scorer.update_weights(weights, version)
+            assert max_diff(out["logprobs"], scorer.logprobs(batch)["logprobs"]) < TOL
+        assert rec.bytes[1] < 100 < rec.bytes[0]  # 4 indices and 4 values, against the model
+    finally:
+        sender.close()
+
+
 def test_grpo_digits_vllm_pipeline_runs(tmp_path):
     out = tmp_path / "run"
     tmp = tmp_path / "tmp"  # the run's temporary directory: nothing of the engine may stay there
@@ -328,33 +360,3 @@ def test_tensor_parallel_two_ranks_on_cpu(greedy):
     ref = scorer.logprobs({"prompt": prompts, "response": out["response"]})["logprobs"]
     assert max_diff(out["logprobs"], ref) < TOL
 
-
-def test_weights_through_the_collective_reach_the_kernels(to_update):
-    """A trainer's weights through a collective edge (asyncflow.runtime.collective, gloo here)
-    into vLLM's own loader, bucket by bucket: the rollout then scores as an hf model holding the
-    same weights; a delta of one changed tensor arrives as a partial update of a few bytes."""
-    from asyncflow.runtime.collective import Receiver, Sender, feed
-
-    engine = to_update
-    _, new = perturbed(0.1, seed=5)
-    sender = Sender("policy", "127.0.0.1", None, 64 << 10, True, timeout=60)
-    scorer = HFEngine(spec("logprob", temperature=0.7))
-    try:
-        rec = Receiver("generate/0", None, delta=True, timeout=60)
-        for version, weights in ((5, new), (6, None)):
-            if weights is None:  # the next version: one tensor moved in 4 places
-                weights = dict(new)
-                k = "model.layers.0.mlp.down_proj.weight"
-                weights[k] = new[k].clone()
-                weights[k][0, :4] += 0.5
-            got, chunks, partial = rec.fetch(sender.publish(version, weights))
-            assert got == version and partial == (version == 6)
-            feed(engine, got, chunks, partial, rec)
-            assert engine.version == version
-            out = engine.generate({"prompt": PROMPTS, "_row": rows(len(PROMPTS))})
-            batch = {"prompt": PROMPTS, "response": out["response"]}
-            scorer.update_weights(weights, version)
-            assert max_diff(out["logprobs"], scorer.logprobs(batch)["logprobs"]) < TOL
-        assert rec.bytes[1] < 100 < rec.bytes[0]  # 4 indices and 4 values, against the model
-    finally:
-        sender.close()
