@@ -32,8 +32,8 @@ from asyncflow.viz.timeline import EVENTS
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
-RAY_SUBSET = ("grpo_digits.yaml", "sim_longtail.yaml", "dapo.yaml", "ppo_gae.yaml",
-              "agentic_multiturn.yaml")
+# dapo.yaml runs on the local backend only: on Ray it took 31 s, the most of any (CI's budget)
+RAY_SUBSET = ("grpo_digits.yaml", "sim_longtail.yaml", "ppo_gae.yaml", "agentic_multiturn.yaml")
 SHRINK = {  # tiny latencies for the sim pipelines
     "sim_longtail": ["--set", "tasks.generate.args.latency.median=0.002",
                      "--set", "tasks.generate.args.latency.max=0.02",
