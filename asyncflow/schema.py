@@ -172,7 +172,7 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                "from the trainer into the receiver's engine: NCCL between GPUs, gloo otherwise) "
                "or store (one copy in Ray's object store per version). Default: collective "
                "where both tasks run torch engines (hf, deepspeed, vllm) on the Ray backend, "
-               "store otherwise.",
+               "store otherwise; delta or bucket_mb written without via make it a collective.",
         "bucket_mb": "Collective only: the size of one broadcast bucket in MB. Default 128.",
         "delta": "Collective only: send per tensor only the elements that changed since the "
                  "version the receiver holds (nothing for an unchanged tensor). Default false.",

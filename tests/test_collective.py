@@ -258,3 +258,23 @@ def test_a_run_on_ray_survives_a_rollout_and_a_trainer_death(tmp_path):
     assert resumed["checkpoint"] == "step_2"  # the run after the trainer's death: steps 2-5
     late = [x.get("sync_bytes", 0) for x in steps if x["step"] >= 2]
     assert sum(late) > 0, rows  # after both deaths the weights still came through the collective
+
+
+def test_delta_or_bucket_mb_without_via_make_the_edge_a_collective():
+    """Options only a collective has are never dropped silently: written without ``via`` they
+    make the edge a collective on either backend (the local backend's default is the store),
+    and at a sim task, which cannot take part, they are AF216 at check."""
+    import os
+
+    from asyncflow.compiler.pipeline import compile_file
+    from asyncflow.errors import UserError
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "pipelines")
+    grpo = os.path.join(root, "grpo_digits.yaml")
+    assert compile_file(grpo, backend="local").sync[0].via == "store"
+    for sets in (["sync.0.delta=true"], ["sync.0.bucket_mb=4"]):
+        s = compile_file(grpo, sets=sets, backend="local").sync[0]
+        assert s.via == "collective", sets
+    assert compile_file(grpo, sets=["sync.0.bucket_mb=4"]).sync[0].bucket_bytes == 4 << 20
+    with pytest.raises(UserError, match="AF216"):
+        compile_file(os.path.join(root, "sim_longtail.yaml"), sets=["sync.0.delta=true"])

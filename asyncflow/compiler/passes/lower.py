@@ -48,7 +48,8 @@ Every :class:`TaskPlan` carries its scheduling keys with the kind's defaults fil
 are replaced (``replace``): :func:`asyncflow.compiler.passes.scheduling`.
 
 The sync schedule (one :class:`SyncPlan` per sync edge): ``deferred`` when ``max_staleness`` > 0,
-``blocking`` when it is 0; ``via`` as written, else ``collective`` where both ends run engines
+``blocking`` when it is 0; ``via`` as written (``collective`` where only ``delta`` or
+``bucket_mb`` is), else ``collective`` where both ends run engines
 whose weights are torch tensors (``TENSOR_ENGINES``) and the backend is Ray, ``store`` otherwise
 (the local backend's board hands the trainer's tensors over in memory). Worker ids are
 ``"task/replica"``; channel ids ``"src->dst"``.
@@ -142,12 +143,15 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
     return out
 
 
-def sync_via(graph: Graph, src: str, dst: str, written: str | None, backend: str) -> str:
-    """How a sync edge's weights travel (the module docstring)."""
+def sync_via(graph: Graph, src: str, dst: str, defn, backend: str) -> str:
+    """How a sync edge's weights travel (the module docstring): as written; a collective where
+    only its options (``delta``, ``bucket_mb``) are written, on either backend."""
     from asyncflow.compiler.passes.placement import TENSOR_ENGINES
 
-    if written:
-        return written
+    if defn.via:
+        return defn.via
+    if defn.delta or defn.bucket_mb is not None:
+        return "collective"
     ends = (graph.node(src).defn.engine, graph.node(dst).defn.engine)
     return "collective" if backend == "ray" and all(e in TENSOR_ENGINES for e in ends) else "store"
 
@@ -253,7 +257,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         w[model] = min(w.get(model, e.max_staleness), e.max_staleness)
         syncs.append(SyncPlan(e.src, e.dst, model, e.max_staleness,
                               "deferred" if e.max_staleness > 0 else "blocking",
-                              via=sync_via(g, e.src, e.dst, e.defn.via, ctx.backend),
+                              via=sync_via(g, e.src, e.dst, e.defn, ctx.backend),
                               bucket_bytes=int((e.defn.bucket_mb or 128) * (1 << 20)),
                               delta=bool(e.defn.delta)))
 

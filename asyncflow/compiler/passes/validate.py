@@ -197,24 +197,26 @@ def _lora(p: ast.Pipeline, d: Diagnostics) -> None:
 
 def _sync_method(p: ast.Pipeline, d: Diagnostics) -> None:
     """A sync edge's ``via``, ``bucket_mb`` and ``delta`` (asyncflow.runtime.collective): the
-    last two belong to a collective edge; a collective needs both ends' weights to be torch
-    tensors (a built-in engine that has none, sim, cannot take part: AF216)."""
+    last two belong to a collective edge (written without ``via`` they make it one: lower's
+    ``sync_via``); a collective needs both ends' weights to be torch tensors (a built-in engine
+    that has none, sim, cannot take part: AF216)."""
     from asyncflow.compiler.passes.placement import TENSOR_ENGINES
     from asyncflow.engines.base import BUILTIN
 
     for i, s in enumerate(p.sync):
         edge = dict(edge=i, src=s.src, dst=s.dst)
+        given = [k for k, on in (("delta", s.delta), ("bucket_mb", s.bucket_mb is not None)) if on]
         if s.via == "store":
-            for key in ("delta", "bucket_mb"):
-                if key == "delta" and s.delta or key == "bucket_mb" and s.bucket_mb is not None:
-                    d.add("AF216", _at(s, key), **edge,
-                          problem=f"{key} applies to via: collective only, and this edge sends "
-                                  "through the store (remove it, or set via: collective)")
-        if s.via == "collective":
+            for key in given:
+                d.add("AF216", _at(s, key), **edge,
+                      problem=f"{key} applies to via: collective only, and this edge sends "
+                              "through the store (remove it, or set via: collective)")
+        if s.via == "collective" or s.via is None and given:
+            at = _at(s, "via" if s.via else given[0])
             for name in (s.src, s.dst):
                 t = p.tasks.get(name)
                 if t is not None and t.engine in BUILTIN and t.engine not in TENSOR_ENGINES:
-                    d.add("AF216", _at(s, "via"), **edge,
+                    d.add("AF216", at, **edge,
                           problem=f"task '{name}' runs on the {t.engine} engine, whose weights "
                                   f"are not tensors to broadcast (a collective needs "
                                   f"{', '.join(TENSOR_ENGINES)} at both ends; use via: store)")
