@@ -70,7 +70,7 @@ def backend_for(a: str, b: str) -> str:
     return "nccl" if a.startswith("cuda:") and b.startswith("cuda:") and a != b else "gloo"
 
 
-def _group(backend: str, store, prefix: str, rank: int, timeout: float, device: str | None):
+def _group(backend: str, store, prefix: str, rank: int, timeout: float):
     dist = _dist()
     sub = dist.PrefixStore(prefix, store)
     td = datetime.timedelta(seconds=timeout)
@@ -170,7 +170,9 @@ def unpack(rec: dict, bucket) -> list:
 
 class Sender:
     """The trainer's end of a model's collective edges: the newest snapshot, a ``TCPStore``
-    on a free port, one thread serving the replicas' requests in the order they come."""
+    on a free port, one thread serving the replicas' requests in the order they come. A full
+    copy is packed into buckets once per version and kept for the next replica that asks (one
+    more copy of the weights in host memory, until the next version)."""
 
     def __init__(self, model: str, host: str, device: str | None, bucket_bytes: int,
                  delta: bool, timeout: float | None = None):
@@ -184,7 +186,8 @@ class Sender:
         self.port = self.store.port
         self._lock = threading.Lock()
         self._latest: tuple[int, dict] | None = None
-        self._held: dict[str, tuple[int, dict]] = {}  # replica incarnation -> its version, state
+        self._held: dict[str, tuple] = {}  # delta: replica -> (incarnation, version, state) sent
+        self._full: tuple | None = None  # (version, table, buckets) of the last full copy packed
         self._groups: dict[str, tuple[str, Any]] = {}  # replica id -> (incarnation, group)
         self._next, self._closed = 1, False
         self.sent_bytes = 0
@@ -248,19 +251,21 @@ class Sender:
         backend = backend_for(self.dev_id, req.get("device", "cpu"))
         held = self._groups.get(rid)
         if held is None or held[0] != inc:  # first contact, or a replica that came back
-            for k in [k for k in self._held if k.startswith(rid + "#")]:
-                self._held.pop(k)
-            pg = _group(backend, self.store, f"pg/{rid}/{inc}/", 0, self.timeout, self.device)
+            pg = _group(backend, self.store, f"pg/{rid}/{inc}/", 0, self.timeout)
             self._groups[rid] = (inc, pg)
         pg = self._groups[rid][1]
         with self._lock:
             version, state = self._latest
         t0 = time.time()
-        base = self._held.get(f"{rid}#{inc}") if self.delta else None
-        if base is not None and base[0] != int(req.get("have", -1)):
-            base = None  # the replica holds something else: send it all
-        entries = encode(state, base[1] if base is not None else None)
-        table, buckets = pack(entries, self.bucket_bytes)
+        base = self._held.get(rid) if self.delta else None  # (incarnation, version, state)
+        if base is not None and base[:2] != (inc, int(req.get("have", -1))):
+            base = None  # a new incarnation, or it holds something else: send it all
+        if base is not None:
+            table, buckets = pack(encode(state, base[2]), self.bucket_bytes)
+        else:  # a full copy: packed once per version, whichever replicas ask for it
+            if self._full is None or self._full[0] != version:
+                self._full = (version, *pack(encode(state, None), self.bucket_bytes))
+            _, table, buckets = self._full
         meta = json.dumps({"version": version, "table": table,
                            "full": base is None}).encode()
         nbytes = sum(int(b.numel()) for b in buckets)
@@ -271,7 +276,7 @@ class Sender:
         for b in buckets:
             _broadcast(pg, b.to(dev))
         if self.delta:
-            self._held[f"{rid}#{inc}"] = (version, state)
+            self._held[rid] = (inc, version, state)
         self.sent_bytes += nbytes
         self.served.append({"replica": rid, "version": version, "bytes": nbytes,
                             "tensors": len(table), "backend": backend,
@@ -324,7 +329,7 @@ class Receiver:
         backend = backend_for(desc.get("device", "cpu"), self.dev_id)
         if self._pg is None:
             self._pg = _group(backend, self._store, f"pg/{self.replica}/{self.incarnation}/", 1,
-                              self.timeout, self.device)
+                              self.timeout)
         dev = "cuda" if backend == "nccl" else "cpu"
         header = torch.empty(HEADER, dtype=torch.int64, device=dev)
         _broadcast(self._pg, header)

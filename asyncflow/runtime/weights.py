@@ -223,10 +223,6 @@ class Adopter:
         self.bytes += before
         return version
 
-    def close(self) -> None:
-        self.receivers.clear()
-
-
 class Publisher:
     """A trainer's sending side: per model, the object store and/or a collective
     :class:`asyncflow.runtime.collective.Sender` (started at the first publication)."""
@@ -273,10 +269,6 @@ class Publisher:
         """The newest (version, weights) this trainer published through its collective."""
         s = self.senders.get(model)
         return s.latest() if s is not None else None
-
-    def stats(self) -> dict:
-        return {"sent_bytes": sum(s.sent_bytes for s in self.senders.values()),
-                "served": sum(len(s.served) for s in self.senders.values())}
 
     def close(self) -> None:
         for s in self.senders.values():
