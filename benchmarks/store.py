@@ -7,7 +7,7 @@ samples the producer puts them and the consumer takes them (streaming, interleav
 - store (local / Ray): ``add_rows(all 4 fields)`` (one put, as the queue's), then
   ``get(train, chunk)`` (the consumer has the 4 columns in hand) + ``ack``. Two data layouts:
   *lists* (Python lists, token ids as lists of ints, as the queue gets them) and *numpy* (token ids
-  as :class:`~asyncflow.runtime.ray_store.Ragged` flat int32 arrays + offsets, floats as float32
+  as :class:`~asyncflow.runtime.store.codec.Ragged` flat int32 arrays + offsets, floats as float32
   arrays: no per-row pickling; built before timing, like the lists);
 - ray queue batched: ``put_nowait_batch`` of a chunk of per-sample dicts + ``get_nowait_batch``;
 - ray queue unbatched: one ``put`` and one ``get`` per sample; capped at ``--unbatched-cap`` rows
@@ -39,7 +39,7 @@ def make_data(n: int, seed: int = 0) -> dict[str, list]:
 
 
 def to_numpy(data: dict[str, list]) -> dict:
-    from asyncflow.runtime.ray_store import Ragged
+    from asyncflow.runtime.store.ray import Ragged
 
     return {
         "prompt": Ragged.from_lists(data["prompt"], np.int32),
@@ -154,7 +154,7 @@ def main() -> None:
 
     import ray
 
-    from asyncflow.runtime.ray_store import RayStore
+    from asyncflow.runtime.store.ray import RayStore
     from asyncflow.runtime.store import SampleStore
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

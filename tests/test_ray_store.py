@@ -1,4 +1,4 @@
-"""RayStore (asyncflow/runtime/ray_store.py): the store's core behaviours with 2 shards."""
+"""RayStore (asyncflow/runtime/store/ray.py): the store's core behaviours with 2 shards."""
 from __future__ import annotations
 
 import pickle
@@ -10,7 +10,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from asyncflow.runtime.ray_store import RayStore  # noqa: E402
+from asyncflow.runtime.store.ray import RayStore  # noqa: E402
 from asyncflow.runtime.store import StoreError  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -184,7 +184,7 @@ def test_snapshot_restore_gc(store):
 
 # ---------------------------------------------------------------------- the data path (chunks)
 def test_numpy_and_ragged_columns_round_trip_across_shards(store):
-    from asyncflow.runtime.ray_store import Ragged
+    from asyncflow.runtime.store.ray import Ragged
 
     toks = [[i] * (i % 3 + 1) for i in range(8)]
     rows = store.add_rows({"prompt": Ragged.from_lists(toks, np.int32), "score": np.arange(8, dtype=np.float32)},
@@ -227,7 +227,7 @@ def test_big_chunks_go_through_the_object_store_and_gc_drops_them(store):
 
 
 def test_rows_stay_readable_after_the_producer_dies(store):
-    from asyncflow.runtime.ray_store import Ragged
+    from asyncflow.runtime.store.ray import Ragged
 
     @ray.remote(num_cpus=0)
     class Producer:

@@ -1,4 +1,4 @@
-"""The in-process sample store (asyncflow/runtime/store.py); rule numbers cite its docstring."""
+"""The in-process sample store (asyncflow/runtime/store/local.py); rule numbers cite its docstring."""
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,4 @@
-"""The :class:`~asyncflow.runtime.store_api.Store` contract, one suite run against both stores.
+"""The :class:`~asyncflow.runtime.store.protocol.Store` contract, one suite run against both stores.
 
 Every test takes the ``store`` fixture: an in-process :class:`SampleStore` ("local") and a
 :class:`RayStore` with 2 shards and a chunk of 8 rows ("ray": a test's rows 0-7 live on shard 0,
@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncflow.runtime.store import SampleStore, StoreError
-from asyncflow.runtime.store_api import Store
+from asyncflow.runtime.store import Store
 
 try:
     import ray
 
-    from asyncflow.runtime.ray_store import RayStore
+    from asyncflow.runtime.store.ray import RayStore
 except ImportError:  # the "ray" params skip
     ray = RayStore = None
 

@@ -11,8 +11,8 @@ module          what it owns
 ``tasks``       reward / advantage / filter / custom functions over column batches
 ``trace``       spans -> Chrome trace; metrics.jsonl
 ``backends``    local threads vs Ray actors, one per process of the plan (+ the control plane)
-``store``       the streaming sample store (``ray_store``: sharded on Ray; ``store_api``: the
-                ``Store`` protocol; ``codec``: column types)
+``store``       the streaming sample store, a package (``local``: in process; ``ray``: sharded
+                on Ray; ``protocol``: the ``Store`` seam; ``codec``: column types)
 ==============  ==============================================================
 
 Nothing is imported eagerly: ``import asyncflow.runtime`` never imports Ray.

@@ -620,7 +620,7 @@ class RayBackend:
         self._proc_of: dict[str, str] = {}  # worker -> process
 
     def make_store(self, plan):
-        from asyncflow.runtime.ray_store import RayStore
+        from asyncflow.runtime.store.ray import RayStore
 
         sps, spp = plan.step.samples_per_step, plan.step.samples_per_prompt
         chunk = sps * max(1, 512 // sps) if sps % spp == 0 else spp * max(1, 512 // spp)
@@ -746,7 +746,7 @@ class RayBackend:
             self.ray.kill(self._control, no_restart=True)
             return
         idx = int(target.partition("/")[2] or 0)
-        self.ray.kill(self._store._shards[idx], no_restart=True)
+        self.ray.kill(self._store.shard_handle(idx), no_restart=True)
 
     def _poll(self) -> None:
         pending = {ref: wid for wid, ref in self.refs.items() if wid not in self.results}

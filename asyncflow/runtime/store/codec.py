@@ -1,5 +1,5 @@
 """The sample store's column codec: how column values travel between a store handle and its
-shards (:mod:`asyncflow.runtime.ray_store`).
+shards (:mod:`asyncflow.runtime.store.ray`).
 
 A column is a Python list, a numpy array, or a :class:`Ragged` (variable-length rows as one flat
 array plus offsets). numpy and :class:`Ragged` columns move without per-row pickling; a long list
@@ -13,7 +13,7 @@ import pickle
 
 import numpy as np
 
-from asyncflow.runtime.store import _take
+from asyncflow.runtime.store.common import take
 
 
 class Ragged:
@@ -114,7 +114,7 @@ def col_take(col, idx: np.ndarray):
         return col[idx]
     if isinstance(col, Ragged):
         return col.take(idx)
-    return _take(col if isinstance(col, list) else list(col), idx)
+    return take(col if isinstance(col, list) else list(col), idx)
 
 
 def col_concat(parts: list):

@@ -1,17 +1,17 @@
 """The sample store's seam: :class:`Store`, what the workers, the driver, checkpoints and
 ``asyncflow simulate`` may call on a store, and nothing else.
 
-Two implementations: :class:`asyncflow.runtime.store.SampleStore` (in process: the local backend
-and the simulator) and :class:`asyncflow.runtime.ray_store.RayStore` (sharded over Ray actors,
+Two implementations: :class:`asyncflow.runtime.store.local.SampleStore` (in process: the local backend
+and the simulator) and :class:`asyncflow.runtime.store.ray.RayStore` (sharded over Ray actors,
 whose shards use only this protocol on the in-process store they hold). The semantics are the
-store module's rules (:mod:`asyncflow.runtime.store`); ``tests/test_store_contract.py`` runs one
+store module's rules (:mod:`asyncflow.runtime.store.local`); ``tests/test_store_contract.py`` runs one
 suite against both, so a change to either is held to the same contract.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from asyncflow.runtime.store import Lease
+from asyncflow.runtime.store.common import Lease
 
 
 @runtime_checkable
