@@ -36,6 +36,7 @@ from typing import Callable
 
 from asyncflow import refs
 from asyncflow.plan import Plan
+from asyncflow.runtime.faults import RunError
 
 
 def train_source(plan: Plan):
@@ -56,8 +57,6 @@ def load_prompts(plan: Plan, paths: list[str] | None = None,
     ``warn`` receives; default: stderr); see the module docstring for the errors."""
     src = train_source(plan)
     if src is None:
-        from asyncflow.runtime.driver import RunError
-
         raise RunError("the plan has no data source")
     rows, fail = _load(plan, src, paths)
     _check_epochs(plan, src, len(rows), warn, fail)
@@ -70,8 +69,6 @@ def load_rows(plan: Plan, source: str, paths: list[str] | None = None) -> list[d
     errors. ``paths``: the search path (default: the pipeline's directory, then the CWD)."""
     src = next((d for d in plan.data if d.name == source), None)
     if src is None:
-        from asyncflow.runtime.driver import RunError
-
         raise RunError(f"the plan has no data source '{source}' (it has: "
                        f"{', '.join(d.name for d in plan.data) or 'none'})")
     return _load(plan, src, paths)[0]
