@@ -11,7 +11,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from asyncflow.compiler.pipeline import compile_text  # noqa: E402
-from asyncflow.runtime.backends import device_groups, process_resources  # noqa: E402
+from asyncflow.runtime.placement import device_groups, process_resources  # noqa: E402
 from asyncflow.runtime.driver import Driver  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -135,7 +135,7 @@ def test_data_parallel_replicas_meet_at_replica_0s_offer():
 
     from asyncflow.errors import TaskError
     from asyncflow.runtime import devices
-    from asyncflow.runtime.backends import Control
+    from asyncflow.runtime.control import Control
 
     control, got = Control(), {}
 
@@ -174,7 +174,7 @@ def test_local_backend_pools_must_fit_the_machines_gpus(monkeypatch, tmp_path):
     import torch
 
     from asyncflow.errors import AsyncflowError
-    from asyncflow.runtime.backends import LocalBackend
+    from asyncflow.runtime.local_backend import LocalBackend
 
     path = tmp_path / "devices.yaml"
     path.write_text(SIM_TRAIN)

@@ -61,26 +61,23 @@ def test_driver_without_the_cli_records_no_import_phase(tmp_path):
     assert list(res.startup) == PHASES[1:]  # no process start given: no import phase
 
 
-def test_lean_local_ray_patches_only_while_ray_starts(monkeypatch):
+def test_lean_local_ray_patches_only_while_ray_starts():
     pytest.importorskip("ray")
     from ray._private import node as ray_node, parameter as ray_parameter
 
-    from asyncflow.runtime.backends import _lean_local_ray
+    from asyncflow.runtime.ray_patch import lean_local_ray
 
     api, init = ray_node.Node.start_api_server, ray_parameter.RayParams.__init__
-    monkeypatch.delenv("ASYNCFLOW_RAY_FULL", raising=False)
-    with _lean_local_ray(None):
+    with lean_local_ray(None):
         assert ray_node.Node.start_api_server is not api
         assert ray_parameter.RayParams().no_monitor is True
         assert ray_parameter.RayParams(no_monitor=False).no_monitor is False  # asked: kept
     assert ray_node.Node.start_api_server is api and ray_parameter.RayParams.__init__ is init
-    monkeypatch.setenv("ASYNCFLOW_RAY_FULL", "1")
-    with _lean_local_ray(None):
+    with lean_local_ray(None, full=True):  # ASYNCFLOW_RAY_FULL=1 (RunOptions.ray_full)
         assert ray_node.Node.start_api_server is api
         assert ray_parameter.RayParams().no_monitor is False
     with pytest.raises(RuntimeError):  # restored even when the start fails
-        monkeypatch.delenv("ASYNCFLOW_RAY_FULL")
-        with _lean_local_ray(None):
+        with lean_local_ray(None):
             raise RuntimeError("ray.init failed")
     assert ray_node.Node.start_api_server is api
 

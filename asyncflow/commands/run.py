@@ -37,6 +37,33 @@ def _gpu_visible() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or bool(shutil.which("nvidia-smi") and glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
+#: the environment variables asyncflow itself reads (README, "Environment variables"), each a
+#: RunOptions field; read here and nowhere else
+ENV_OPTIONS = {"ASYNCFLOW_CALL_TIMEOUT_S": "call_timeout_s", "ASYNCFLOW_PG_TIMEOUT_S": "pg_timeout_s",
+               "ASYNCFLOW_RAY_FULL": "ray_full"}
+
+
+def env_options(environ=None) -> dict:
+    """The ``ASYNCFLOW_*`` variables set in ``environ`` (default: this process's) as
+    :class:`~asyncflow.runtime.options.RunOptions` fields; a bad number is a bad parameter."""
+    environ = os.environ if environ is None else environ
+    out: dict = {}
+    for var, name in ENV_OPTIONS.items():
+        value = environ.get(var)
+        if value is None or value == "":
+            continue
+        if name == "ray_full":
+            out[name] = value == "1"
+            continue
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"{var}={value!r} is not a number of seconds") from None
+        if out[name] <= 0:
+            raise typer.BadParameter(f"{var}={value!r} must be more than 0 seconds")
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(ctx: typer.Context,
@@ -101,11 +128,13 @@ def register(app: typer.Typer) -> None:
 
         from asyncflow.compiler.pipeline import compile_file
         from asyncflow.runtime.driver import Driver, RunError
+        from asyncflow.runtime.options import RunOptions
 
         if backend not in ("ray", "local"):
             raise typer.BadParameter(f"--backend must be ray or local, not {backend!r}")
         if keep_checkpoints is not None and not checkpoint_every:
             raise typer.BadParameter("--keep-checkpoints needs --checkpoint-every K")
+        env = env_options()  # ASYNCFLOW_*: checked before anything starts
         if device_kind not in ("auto", "gpu", "cpu"):
             raise typer.BadParameter(f"--device-kind must be auto, gpu or cpu, not {device_kind!r}")
         if device_kind == "auto" and address is None and not _gpu_visible():
@@ -145,11 +174,12 @@ def register(app: typer.Typer) -> None:
                     f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max')}")
             progress.update(bar, completed=m["step"] + 1, info=info)
 
-        driver = Driver(plan, backend, out_dir=run_dir, steps=steps, address=address,
-                        lease_s=lease_s, on_step=on_step, checkpoint_every=checkpoint_every,
-                        resume=resume is not None, shards=store_shards,
-                        max_restarts=max_restarts, stall_timeout=stall_timeout, inject=faults,
-                        keep_checkpoints=keep_checkpoints)
+        options = RunOptions(backend=backend, address=address, steps=steps, lease_s=lease_s,
+                             shards=store_shards, checkpoint_every=checkpoint_every,
+                             keep_checkpoints=keep_checkpoints, resume=resume is not None,
+                             max_restarts=max_restarts, stall_timeout=stall_timeout,
+                             inject=tuple(faults), **env)
+        driver = Driver(plan, out_dir=run_dir, run=options, on_step=on_step)
         import asyncflow
 
         driver.process_start = asyncflow.STARTED

@@ -14,10 +14,11 @@ object reference through actor calls instead of resolving it.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any, Callable
+
+from asyncflow.runtime.options import DEFAULT_CALL_TIMEOUT_S
 
 
 class WeightBoard:
@@ -127,11 +128,13 @@ def box_weights(weights: Any, use_ray: bool) -> Any:
     return weights
 
 
-def unbox_weights(payload: Any, use_ray: bool) -> Any:
+def unbox_weights(payload: Any, use_ray: bool,
+                  timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> Any:
+    """:func:`box_weights`' payload unboxed; on Ray a get bounded by ``timeout_s``."""
     if use_ray:
         import ray
 
-        got = ray.get(payload, timeout=float(os.environ.get("ASYNCFLOW_CALL_TIMEOUT_S", "120")))
+        got = ray.get(payload, timeout=timeout_s)
         return got.unpack() if isinstance(got, FlatWeights) else got
     return payload
 
@@ -146,8 +149,10 @@ class Adopter:
     each model the way its sync edge says (``vias``: model -> "store" | "collective")."""
 
     def __init__(self, engine, models: list[str], use_ray: bool, vias: dict | None = None,
-                 replica: str = "", delta: dict | None = None):
+                 replica: str = "", delta: dict | None = None,
+                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S):
         self.engine = engine
+        self.call_timeout_s = float(call_timeout_s)  # the bound of a weight payload's get
         self.known: dict[str, int] = {m: 0 for m in models}
         self.use_ray = use_ray
         self.vias = dict(vias or {})
@@ -179,7 +184,7 @@ class Adopter:
                     continue
                 version = got
             else:
-                weights = unbox_weights(entry["store"], self.use_ray)
+                weights = unbox_weights(entry["store"], self.use_ray, self.call_timeout_s)
                 update = getattr(self.engine, "update_weights", None)
                 if update is not None:
                     update(weights, version)

@@ -548,7 +548,8 @@ class Worker(ServeLoop, StepReads):
             edges = {s.model: s for s in self.plan.sync if s.dst == self.task.name}
             self.adopter = Adopter(self.engine, self.models_in, self.use_ray,
                                    vias={m: s.via for m, s in edges.items()}, replica=self.id,
-                                   delta={m: s.delta for m, s in edges.items()})
+                                   delta={m: s.delta for m, s in edges.items()},
+                                   call_timeout_s=float(self.opt.get("call_timeout_s", 120.0)))
         self.rec.span("START", 0, t)
         self._sync(force=True)
         if self.opt.get("restarted") and self._newer and self.adopter is not None:

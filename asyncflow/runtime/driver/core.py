@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import time
@@ -11,7 +12,8 @@ from typing import Any, Callable
 
 from asyncflow import refs
 from asyncflow.plan import Plan, eval_versions
-from asyncflow.runtime.backends import ControlLost, make_backend
+from asyncflow.runtime.backends import make_backend
+from asyncflow.runtime.control import ControlLost
 from asyncflow.runtime.data import load_prompts
 from asyncflow.runtime.driver.feeding import Feeder
 from asyncflow.runtime.driver.metrics import StepBook
@@ -19,6 +21,7 @@ from asyncflow.runtime.driver.records import RunRecords, resume_point, write_pla
 from asyncflow.runtime.driver.supervise import Restart, Supervisor
 from asyncflow.runtime.faults import (RunError, fault, lost, parse_inject, worker_error,
                                       worker_options)
+from asyncflow.runtime.options import RunOptions
 from asyncflow.runtime.samples import DEFAULT_EVERY
 from asyncflow.runtime.store import StoreLost
 from asyncflow.runtime.trace import write_trace
@@ -64,14 +67,18 @@ class Driver:
     """Runs one plan (:mod:`asyncflow.runtime.driver`). ``kill(worker_id)`` crashes a worker
     (tests)."""
 
-    def __init__(self, plan: Plan, backend: str = "local", out_dir: str | None = None,
-                 steps: int | None = None, address: str | None = None, lease_s: float = 60.0,
-                 options: dict | None = None, on_step: Callable[[dict], Any] | None = None,
-                 poll_s: float | None = None, shards: int = 1,
-                 checkpoint_every: int | None = None,
-                 resume: bool = False, max_restarts: int | None = None,
-                 stall_timeout: float = 300.0, inject: list | None = None,
-                 keep_checkpoints: int | None = None):
+    def __init__(self, plan: Plan, backend: str | None = None, out_dir: str | None = None, *,
+                 run: RunOptions | None = None, options: dict | None = None,
+                 on_step: Callable[[dict], Any] | None = None, **knobs):
+        """``run``: the run's options; ``knobs``: fields of :class:`RunOptions` given one by
+        one (over ``run``'s; ``backend`` over both). ``options``: extra worker options (loop
+        settings, ``log_samples``); the workers get them with the run's."""
+        if backend is not None:
+            knobs["backend"] = backend
+        if "inject" in knobs:
+            knobs["inject"] = tuple(knobs["inject"] or ())
+        self.run_options = ro = dataclasses.replace(run or RunOptions(), **knobs)
+        backend, steps = ro.backend, ro.steps
         plan = copy.deepcopy(plan)
         if steps is not None:
             plan.step.steps = int(steps)
@@ -79,8 +86,6 @@ class Driver:
                 plan.eval.versions = eval_versions(plan.eval.every or None, plan.step.steps)
         self.plan = plan
         self.evals: list[dict] = []  # eval: rows (runtime/evaluate.py), in arrival order
-        self.backend_name = backend
-        self.backend_kw = {"lease_s": lease_s, "address": address, "shards": shards}
         self.out_dir = out_dir
         defaults = RAY_DEFAULTS if backend == "ray" else LOCAL_DEFAULTS
         self.options = {**defaults, **(options or {})}
@@ -88,7 +93,7 @@ class Driver:
         # (absolute: Ray workers need not share our cwd), as `check` looks them up
         self.options.setdefault("search_path", refs.search_path(plan.source_file or None))
         self.on_step = on_step
-        self.poll_s = DRIVER_POLL_S.get(backend, 0.01) if poll_s is None else poll_s
+        self.poll_s = DRIVER_POLL_S.get(backend, 0.01) if ro.poll_s is None else ro.poll_s
         self.backend = None
         self.started = False
         self.startup: dict[str, float] = {}  # start-up phase -> seconds (RunResult.startup)
@@ -99,21 +104,23 @@ class Driver:
         self._kill_requests: list[str] = []
         # checkpoints (asyncflow.runtime.checkpoint): every K train steps into out_dir; resume
         # continues out_dir from its newest complete checkpoint
-        self.checkpoint_every = int(checkpoint_every or 0) or None
-        self.resume = bool(resume)
+        self.checkpoint_every = int(ro.checkpoint_every or 0) or None
+        self.resume = bool(ro.resume)
         if (self.checkpoint_every or self.resume) and not out_dir:
             raise RunError("checkpoints and --resume need a run directory (out_dir)")
         # --keep-checkpoints K: only the newest K complete checkpoints stay (checkpoint.prune)
-        self.keep_checkpoints = int(keep_checkpoints) if keep_checkpoints else None
+        self.keep_checkpoints = int(ro.keep_checkpoints) if ro.keep_checkpoints else None
         self.exports: dict[str, dict] = {}  # model -> its final export (RunResult.exports)
         # faults: a dead worker is restarted up to max_restarts times (None: never, and the run
         # goes on while another replica of its task lives); the watchdog ends a run that makes
         # no progress for stall_timeout s; inject: parsed --inject specs (parse_inject)
-        self.max_restarts = max_restarts
-        self.stall_timeout = float(stall_timeout)
+        self.max_restarts = ro.max_restarts
+        self.stall_timeout = float(ro.stall_timeout)
         self.inject = [f if isinstance(f, dict) else parse_inject(f, plan, backend)
-                       for f in (inject or [])]
-        self.options.setdefault("lease_s", lease_s)
+                       for f in ro.inject]
+        self.options.setdefault("lease_s", ro.lease_s)
+        # every call to an actor of the run is bounded by this (ASYNCFLOW_CALL_TIMEOUT_S)
+        self.options.setdefault("call_timeout_s", ro.call_timeout_s)
         # samples.jsonl every K train steps, the first and the last (runtime/samples.py; 0: off)
         self.options.setdefault("log_samples", DEFAULT_EVERY)
         self.options.setdefault("heartbeat_s", 0.5 if backend == "local" else 1.0)
@@ -223,7 +230,7 @@ class Driver:
 
     def _start_backend(self, phase, resumed: dict | None) -> None:
         """The backend, the store (every task registered) and the control plane."""
-        self.backend = be = make_backend(self.backend_name, **self.backend_kw)
+        self.backend = be = make_backend(self.run_options)
         phase("backend")  # Ray up (ray.init), or nothing for local threads
         self.store = store = be.make_store(self.plan)
         if resumed and resumed["version"]:  # rows before the trainer's next window were trained

@@ -11,7 +11,7 @@ import os
 import time
 
 from asyncflow.plan import Plan
-from asyncflow.runtime.backends import ControlLost
+from asyncflow.runtime.control import ControlLost
 from asyncflow.runtime.faults import RunError, by_worker, fault, is_actor, lost, worker_error
 from asyncflow.runtime.store import StoreLost
 

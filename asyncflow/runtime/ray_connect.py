@@ -1,0 +1,82 @@
+"""Connecting to Ray (:func:`ensure_ray`): joining a cluster (``--address``, or Ray's own
+``RAY_ADDRESS``), with a fast probe and a hint when it cannot be joined (AF608), or starting a
+local Ray of this run's own.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from asyncflow.diagnostics import error
+from asyncflow.runtime.ray_patch import lean_local_ray
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None,
+               full: bool = False):
+    """Connect to Ray; returns ``(ray, started)``: ``started`` when this call started a Ray of
+    its own (the caller shuts it down).
+
+    ``address`` (``--address``) joins that cluster; else ``RAY_ADDRESS`` from the environment
+    joins that one, announced on stderr; else a new local Ray is started (``address="local"``),
+    never a Ray already running on this machine (a leftover ``ray start``, found through its
+    address file, is joined only with ``--address``). Ray's own token authentication, when it
+    is on, is left as it is. Ray 2.60 cannot bind a local cluster to 127.0.0.1: it rewrites a
+    loopback ``_node_ip_address`` to the machine's address (``resolve_ip_for_localhost``) and its
+    GCS listens on every interface, so none is asked for here. ``full``: a local Ray starts
+    every process it would (:func:`asyncflow.runtime.ray_patch.lean_local_ray`)."""
+    import ray
+
+    if ray.is_initialized():
+        return ray, False
+    kw: dict = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
+    env = os.environ.get("RAY_ADDRESS")
+    if not address and env:
+        print(f"asyncflow: joining the Ray cluster at {env} (RAY_ADDRESS)", file=sys.stderr)
+        address = env
+    if address:
+        probe_address(address)
+        try:
+            ray.init(address=address, **kw)
+        except ConnectionError as e:  # Ray's own, after its retries: most often the token
+            raise join_error(address, "Ray's client could not connect: the head refused it or "
+                             f"did not answer ({str(e).splitlines()[0][:160]})") from None
+        return ray, False
+    with lean_local_ray(ray, full):
+        ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kw)
+    return ray, True
+
+
+JOIN_PROBE_S = 5.0  # how long a join waits for the head's port before AF608
+
+
+def join_error(address: str, why: str):
+    """AF608: ``--address`` (or ``RAY_ADDRESS``) cannot be joined; the hint says what to
+    check, token authentication first where it is on by default (Ray 2.60's ``ray start``)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        token = ("that RAY_AUTH_TOKEN here is the head's token (`ray get-auth-token` on the head) "
+                 "and RAY_AUTH_MODE=token")
+    else:
+        token = ("a head started with `ray start` uses token authentication (Ray 2.60): set "
+                 "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to the head's token (`ray "
+                 "get-auth-token` on the head) here")
+    hint = (f"check that a Ray head runs at {address} (`ray start --head --port PORT` prints its "
+            f"address; `ray status --address {address}` tests it from here); {token}; and that "
+            "both sides run the same Ray and Python versions")
+    return error("AF608", None, hint, address=address, why=why)
+
+
+def probe_address(address: str, timeout: float = JOIN_PROBE_S) -> None:
+    """A TCP connect to the head's GCS port before ``ray.init``: a refused or unreachable
+    address is AF608 in seconds, not after Ray's minutes of retries. ``auto`` and addresses
+    without a port are left to Ray."""
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        why = "nothing answers there" if isinstance(e, ConnectionRefusedError) else \
+            f"{e.__class__.__name__}: {e.strerror or e}"
+        raise join_error(address, why) from None
