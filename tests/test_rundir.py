@@ -105,3 +105,32 @@ def test_force_is_not_needed_for_a_fresh_directory(tmp_path, bad):
         d.mkdir()
         (d / "unrelated.txt").write_text("a user's file")
     assert run("--steps", "1", "--out", str(d))[0] == 0
+
+
+def test_force_removes_only_what_asyncflow_wrote(tmp_path):
+    """--force removes the entries of the run directory's manifest (what earlier asyncflow
+    runs there made), nothing else: a directory whose run files no manifest lists is the
+    user's, and --force refuses it (AF624) leaving every file as it was."""
+    d = tmp_path / "mine"
+    (d / "checkpoints").mkdir(parents=True)
+    (d / "checkpoints" / "mine.txt").write_text("a user's checkpoint notes")
+    (d / "metrics.jsonl").write_text('{"mine": 1}\n')
+    rc, out = run("--steps", "1", "--out", str(d), "--force")
+    assert rc == 2 and "AF624" in out and "metrics.jsonl" in out and "checkpoints" in out, out
+    assert (d / "checkpoints" / "mine.txt").read_text() == "a user's checkpoint notes"
+    assert (d / "metrics.jsonl").read_text() == '{"mine": 1}\n'
+
+    d = tmp_path / "ours"  # an earlier asyncflow run's files go, a user's file beside them stays
+    assert run("--steps", "2", "--checkpoint-every", "1", "--out", str(d))[0] == 0
+    manifest = json.loads((d / ".asyncflow-manifest.json").read_text())["entries"]
+    assert {"metrics.jsonl", "checkpoints", "plan.json"} <= set(manifest)
+    (d / "checkpoints" / "mine.txt").write_text("mine")
+    (d / "notes.txt").write_text("mine")
+    old = checkpoint.checkpoints(str(d))
+    assert old
+    rc, out = run("--steps", "1", "--out", str(d), "--force")
+    assert rc == 0, out
+    assert not any(os.path.exists(c) for c in old)  # the earlier run's checkpoints are gone
+    assert len((d / "metrics.jsonl").read_text().splitlines()) == 1  # the new run only
+    assert (d / "checkpoints" / "mine.txt").read_text() == "mine"
+    assert (d / "notes.txt").read_text() == "mine"

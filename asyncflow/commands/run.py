@@ -92,8 +92,9 @@ def register(app: typer.Typer) -> None:
                 None, "--keep-checkpoints", min=1,
                 help="keep only the newest K complete checkpoints (default: all)"),
             force: bool = typer.Option(
-                False, "--force", help="--out: replace the run already there; --resume: run a "
-                                       "changed plan from the checkpoint anyway"),
+                False, "--force", help="--out: remove what an earlier asyncflow run there wrote "
+                                       "(nothing else) and run; --resume: run a changed plan "
+                                       "from the checkpoint anyway"),
             device_kind: str = typer.Option(
                 "auto", "--device-kind",
                 help="what a pool device is: gpu | cpu (a CPU slot) | auto (GPU only where one is visible)"),

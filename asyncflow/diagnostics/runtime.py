@@ -32,6 +32,10 @@ CODES = [
          "--out {run_dir} already holds a run ({files}): --resume it, pick another --out, or "
          "--force to replace it"),
     Code("AF623", "run-dir-locked", "{run_dir} is in use by another asyncflow run (pid {pid})"),
+    Code("AF624", "run-dir-foreign-files",
+         "--out {run_dir} holds {files}, which no asyncflow run there wrote (its "
+         ".asyncflow-manifest.json does not list them): --force removes only what asyncflow "
+         "wrote; move them away or pick another --out"),
     # run-time faults (asyncflow.runtime.driver: the watchdog, worker deaths, lost actors)
     Code("AF630", "run-stalled",
          "the run made no progress for {seconds:g} s (--stall-timeout): worker {worker} (task "

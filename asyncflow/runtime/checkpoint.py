@@ -64,6 +64,12 @@ RESUME_LOG = "resume.jsonl"
 _STEP = re.compile(r"^step_(\d+)$")
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` (in ``checkpoints/``) is a checkpoint, complete or in the making or
+    being deleted: one asyncflow wrote."""
+    return bool(_STEP.match(name)) or name.startswith((TMP_PREFIX, DEL_PREFIX))
+
+
 def root(run_dir: str) -> str:
     return os.path.join(run_dir, CKPT_DIR)
 

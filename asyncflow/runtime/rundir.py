@@ -4,9 +4,15 @@
 
 - a lock (``RUN_DIR/.lock``, ``flock``) held for the life of the process: a second run into the
   same directory is AF623, naming the process that holds it;
+- a manifest (``RUN_DIR/.asyncflow-manifest.json``, :data:`MANIFEST`) lists the run files
+  (:data:`RUN_FILES`) this directory's runs made: every one that was not there when a run
+  claimed the directory (a file the user had put there under such a name is never listed);
 - ``--out`` into a directory that already holds a run (any of :data:`RUN_FILES`) is AF622 unless
-  ``--resume`` (continue it) or ``--force`` (its run files are removed first, so a later
-  ``--resume`` can never pick the old run's checkpoint; files asyncflow did not write stay);
+  ``--resume`` (continue it) or ``--force``: the entries the manifest lists are removed first
+  (so a later ``--resume`` can never pick the old run's checkpoint; in ``checkpoints/`` only
+  the checkpoints themselves), and nothing else. A run file the manifest does not list (no
+  manifest: none is listed) is the user's: ``--force`` refuses to run over it (AF624) and
+  removes nothing;
 - ``--resume DIR`` of a directory that holds no run, or no complete checkpoint, is AF620;
 - ``--resume`` compares the newest readable checkpoint's ``plan.json`` with the plan about to
   run and refuses a changed plan with the list of differences (AF621) unless ``--force``. The
@@ -28,6 +34,7 @@ RUN_FILES = ("plan.json", "metrics.jsonl", "trace.json", "workers.json", "train_
 # what the user wrote comes first in a plan's differences; what the compiler derived after
 USER_KEYS = ("pipeline", "seed", "step", "models", "data", "pools", "tasks", "sync")
 LOCK = ".lock"
+MANIFEST = ".asyncflow-manifest.json"
 IGNORED = (("source_file",), ("estimate",), ("step", "steps"))  # plan paths resume ignores
 
 
@@ -70,6 +77,44 @@ def holds_run(run_dir: str) -> list[str]:
     return [f for f in RUN_FILES if os.path.exists(os.path.join(run_dir, f))]
 
 
+def manifest(run_dir: str) -> list[str]:
+    """The run files the manifest of ``run_dir`` lists as asyncflow's (none without one)."""
+    got = _read(os.path.join(run_dir, MANIFEST))
+    entries = got.get("entries") if isinstance(got, dict) else None
+    return [e for e in entries if e in RUN_FILES] if isinstance(entries, list) else []
+
+
+def _write_manifest(run_dir: str, entries: list[str]) -> None:
+    """The manifest, atomically (tmp + rename)."""
+    path = os.path.join(run_dir, MANIFEST)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"format": 1, "entries": sorted(set(entries))}, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def _remove_ours(run_dir: str, entries: list[str]) -> list[str]:
+    """Remove the run files ``entries`` (asyncflow's, by the manifest); in ``checkpoints/``
+    only the checkpoints (and the directory if nothing else is left). Returns what went."""
+    gone = []
+    for f in entries:
+        p = os.path.join(run_dir, f)
+        if f == checkpoint.CKPT_DIR and os.path.isdir(p):
+            for name in os.listdir(p):
+                if checkpoint.is_checkpoint_name(name):
+                    shutil.rmtree(os.path.join(p, name))
+            if os.listdir(p):
+                gone.append(f"{f}/ (its checkpoints; the rest stays)")
+                continue
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        elif os.path.exists(p):
+            os.remove(p)
+        else:
+            continue
+        gone.append(f)
+    return gone
+
+
 def claim(run_dir: str, plan: Any, *, resume: bool, force: bool) -> Claim:
     """Check and lock ``run_dir`` for a run of ``plan`` (a :class:`~asyncflow.plan.Plan`);
     raises a located-less AF62x :class:`~asyncflow.errors.UserError` when the rules say no."""
@@ -100,10 +145,17 @@ def claim(run_dir: str, plan: Any, *, resume: bool, force: bool) -> Claim:
         elif found and not force:
             raise _err("AF622", run_dir=run_dir, files=", ".join(found))
         elif found:
-            for f in found:
-                p = os.path.join(run_dir, f)
-                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
-            notes.append(f"--force: removed the earlier run's {', '.join(found)} from {run_dir}")
+            ours = manifest(run_dir)
+            theirs = [f for f in found if f not in ours]
+            if theirs:
+                raise _err("AF624", run_dir=run_dir, files=", ".join(theirs))
+            gone = _remove_ours(run_dir, [f for f in found if f in ours])
+            notes.append(f"--force: removed the earlier run's {', '.join(gone)} from {run_dir}")
+        # this run's files: the ones not there now (a file left under a run file's name is
+        # listed only if an earlier run's manifest lists it)
+        listed = manifest(run_dir)
+        _write_manifest(run_dir, [f for f in RUN_FILES
+                                  if f in listed or not os.path.exists(os.path.join(run_dir, f))])
     except BaseException:
         os.close(fd)
         raise
