@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import threading
 import time
 import uuid
 from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
 
 PEER_WAIT_S = 120.0  # how long either side waits for the other to join a group (then AF638)
 HEADER = 4  # int64s: version, table bytes, buckets, payload bytes
@@ -60,7 +63,9 @@ def device_id(device: str | None) -> str:
     torch = _torch()
     try:
         return f"cuda:{torch.cuda.get_device_properties(torch.device(device)).uuid}"
-    except Exception:  # noqa: BLE001 - an unknown device cannot share NCCL with anyone
+    except Exception as e:  # noqa: BLE001 - an unknown device cannot share NCCL with anyone
+        log.warning("collective: %s's UUID could not be read (%s: %s); its weights travel by "
+                    "gloo, as from the CPU", device, e.__class__.__name__, e)
         return "cpu"
 
 
@@ -221,8 +226,9 @@ class Sender:
                            timeout=datetime.timedelta(seconds=5))
             n = own.add("seq", 1)
             own.set(f"req/{n}", json.dumps({"stop": True}))
-        except Exception:  # noqa: BLE001 - the store is going away with the process anyway
-            pass
+        except Exception as e:  # noqa: BLE001 - the store is going away with the process anyway
+            log.info("collective: the sender's serving thread was not told to stop (%s: %s); "
+                     "it ends with the process", e.__class__.__name__, e)
         self._thread.join(timeout=5)
 
     def _serve(self) -> None:
