@@ -112,16 +112,12 @@ def register(app: typer.Typer) -> None:
             device_kind = "cpu"  # a GPU bundle could never be placed on this machine
         plan = compile_file(file, sets=tuple(set_ or ()), device_kind=device_kind,
                             backend=backend)  # UserError -> exit 2
-        import copy
-
         from asyncflow.runtime.driver import parse_inject
 
-        checked = plan
-        if steps is not None:  # --inject's steps are checked against the steps that will run
-            checked = copy.deepcopy(plan)
-            checked.step.steps = int(steps)
-        faults = [parse_inject(spec, checked, backend) for spec in (inject or [])]  # AF634: exit 2
-        total = steps or plan.step.steps
+        if steps is not None:  # --steps: one plan transformation, applied here once
+            plan = plan.with_steps(steps)
+        faults = [parse_inject(spec, plan, backend) for spec in (inject or [])]  # AF634: exit 2
+        total = plan.step.steps
         run_dir = resume or out_dir or os.path.join("runs", f"{plan.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
         from asyncflow.runtime import loggers
 
@@ -145,7 +141,7 @@ def register(app: typer.Typer) -> None:
                     f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max')}")
             progress.update(bar, completed=m["step"] + 1, info=info)
 
-        driver = Driver(plan, backend, out_dir=run_dir, steps=steps, address=address,
+        driver = Driver(plan, backend, out_dir=run_dir, address=address,
                         lease_s=lease_s, on_step=on_step, checkpoint_every=checkpoint_every,
                         resume=resume is not None, shards=store_shards,
                         max_restarts=max_restarts, stall_timeout=stall_timeout, inject=faults,

@@ -251,12 +251,8 @@ class Driver:
                  stall_timeout: float = 300.0, inject: list | None = None,
                  keep_checkpoints: int | None = None):
         plan = copy.deepcopy(plan)
-        if steps is not None:
-            plan.step.steps = int(steps)
-            if plan.eval is not None:  # --steps: the versions evaluated follow (evalplan rule 5)
-                from asyncflow.plan import eval_versions
-
-                plan.eval.versions = eval_versions(plan.eval.every or None, plan.step.steps)
+        if steps is not None:  # --steps: one plan transformation (eval versions follow)
+            plan = plan.with_steps(steps)
         self.plan = plan
         self.evals: list[dict] = []  # eval: rows (runtime/evaluate.py), in arrival order
         self.backend_name = backend
@@ -566,9 +562,8 @@ class Driver:
         return self._status.get(ev.worker) not in ("running", "starting", "restarted")
 
     def _primary(self, trainers: list[str]) -> str | None:
-        """The train task whose version the rollouts follow (a sync edge's source)."""
-        srcs = [s.src for s in self.plan.sync if s.src in trainers]
-        return srcs[0] if srcs else (trainers[0] if trainers else None)
+        """The train task whose version the rollouts follow, as the plan says (lower rule 9)."""
+        return next((w.primary for w in self.plan.workers if w.task in trainers), None)
 
     def _ahead(self) -> int:
         return feed_ahead(self.plan)
