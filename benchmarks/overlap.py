@@ -52,7 +52,7 @@ def run_one(path: str, alpha: int, steps: int | None, backend: str) -> dict:
 
     plan = compile_file(path, sets=[f"sync.0.max_staleness={alpha}"])
     if steps is not None:
-        plan.step.steps = steps
+        plan = plan.with_steps(steps)
     oracle = oracle_sync_step_s(plan) if alpha == 0 else None
     r = Driver(plan, backend).run()
     ms = r.metrics

@@ -79,7 +79,9 @@ def test_the_scan_sees_the_known_reads():
 
 def test_the_compiler_reads_only_generic_or_engine_args():
     read = keys_read(ROOT / "asyncflow" / "compiler" / "passes" / "lower.py")
-    assert read and read <= {a.name for a in GENERIC_ARGS} | {"slots"}
+    # and a rollout's temperature: the plan's sampling settings (lower rule 9), which scorers
+    # and trainers compute log-probs at
+    assert read and read <= {a.name for a in GENERIC_ARGS} | {"slots", "temperature"}
 
 
 def test_losses_declare_loss_config_fields_with_its_defaults():

@@ -234,6 +234,7 @@ def write_renamed(src: Path, m: dict[str, str], out_dir: Path, module: str | Non
 # -- plans up to names ---------------------------------------------------------------------------
 FIELD_LISTS = ("inputs", "outputs", "keep", "fields")  # keys whose list values are field names
 BINDINGS = ("bind_in", "bind_out")  # [[field, role], ...] (or {field: role})
+FIELD_NAMES = ("reward_field",)  # keys whose string value is a field name (a worker's)
 
 
 def unrename(v, back: dict[str, str], key: str | None = None):
@@ -252,6 +253,8 @@ def unrename(v, back: dict[str, str], key: str | None = None):
         if key in FIELD_LISTS and all(isinstance(x, str) for x in v):
             return [f(x) for x in v]
         return [unrename(x, back, None) for x in v]
+    if key in FIELD_NAMES and isinstance(v, str):
+        return f(v)
     return v
 
 

@@ -24,10 +24,8 @@ from collections import defaultdict
 
 import pytest
 
-from asyncflow import kinds
 from asyncflow.engines.base import load_engine_class
 from asyncflow.plan import Plan
-from asyncflow.runtime.worker import serves
 from asyncflow.viz.timeline import EVENTS
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +69,6 @@ def check(out: str) -> None:
                  and e["name"] != "START" and e["name"] not in EVENTS]  # events, not ops
     ops = {w["id"]: w["ops"] for w in plan["workers"]}
     task_of = {w["id"]: w["task"] for w in plan["workers"]}
-    kind_of = {t["name"]: t["kind"] for t in plan["tasks"]}
     engines = {t["name"]: t["engine"] for t in plan["tasks"]}
     st = plan["step"]
     by_worker = defaultdict(list)
@@ -83,11 +80,10 @@ def check(out: str) -> None:
         for e in es:
             assert e["name"] in kinds_here, (wid, e["name"], sorted(kinds_here))
         read = next(o for o in ops[wid] if o["kind"] == "READ")
-        loop = kinds.KINDS[kind_of[task_of[wid]]].loop
         reads = [e for e in es if e["name"] == "READ"]
         engine = engines[task_of[wid]]
-        serve = (loop == "serve" and engine
-                 and serves(Plan.from_dict(plan).task(task_of[wid]), load_engine_class(engine)))
+        loop = Plan.from_dict(plan).worker(wid).loop  # what the plan says the worker runs
+        serve = loop == "serve"
         most = read["chunk"] if serve else read["rows"]
         for e in reads:
             n = e["args"]["rows"]

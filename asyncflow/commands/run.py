@@ -129,6 +129,7 @@ def register(app: typer.Typer) -> None:
 
         from asyncflow.compiler.pipeline import compile_file
         from asyncflow.runtime.driver import Driver, RunError
+        from asyncflow.runtime.faults import parse_inject
         from asyncflow.runtime.options import RunOptions
 
         if backend not in ("ray", "local"):
@@ -142,16 +143,10 @@ def register(app: typer.Typer) -> None:
             device_kind = "cpu"  # a GPU bundle could never be placed on this machine
         plan = compile_file(file, sets=tuple(set_ or ()), device_kind=device_kind,
                             backend=backend)  # UserError -> exit 2
-        import copy
-
-        from asyncflow.runtime.driver import parse_inject
-
-        checked = plan
-        if steps is not None:  # --inject's steps are checked against the steps that will run
-            checked = copy.deepcopy(plan)
-            checked.step.steps = int(steps)
-        faults = [parse_inject(spec, checked, backend) for spec in (inject or [])]  # AF634: exit 2
-        total = steps or plan.step.steps
+        if steps is not None:  # --steps: one plan transformation, applied here once
+            plan = plan.with_steps(steps)
+        faults = [parse_inject(spec, plan, backend) for spec in (inject or [])]  # AF634: exit 2
+        total = plan.step.steps
         run_dir = resume or out_dir or os.path.join("runs", f"{plan.pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
         from asyncflow.runtime import loggers
 
@@ -175,7 +170,8 @@ def register(app: typer.Typer) -> None:
                     f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max')}")
             progress.update(bar, completed=m["step"] + 1, info=info)
 
-        options = RunOptions(backend=backend, address=address, steps=steps, lease_s=lease_s,
+        # steps: the plan already runs them (with_steps above), so not again here
+        options = RunOptions(backend=backend, address=address, lease_s=lease_s,
                              shards=store_shards, checkpoint_every=checkpoint_every,
                              keep_checkpoints=keep_checkpoints, resume=resume is not None,
                              max_restarts=max_restarts, stall_timeout=stall_timeout,

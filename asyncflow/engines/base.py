@@ -145,6 +145,25 @@ def engine_names() -> dict[str, str]:
     return names
 
 
+#: the built-in engines that serve requests by continuous batching (a ``serve`` method), known
+#: without importing them (they import torch or vllm)
+SERVING = frozenset({"sim", "hf", "vllm"})
+
+
+def engine_serves(name: str | None) -> bool:
+    """Whether the engine registered as ``name`` serves requests (has ``serve``): the built-ins
+    from :data:`SERVING`, a plug-in from its class (imported here); an engine that cannot be
+    imported does not serve (its import error is the run's AF6xx when a worker builds it)."""
+    if not name:
+        return False
+    if name in BUILTIN:
+        return name in SERVING
+    try:
+        return hasattr(load_engine_class(name), "serve")
+    except (ImportError, AttributeError, KeyError):
+        return False
+
+
 def load_engine_class(name: str):
     """The engine class registered as ``name`` (imports it)."""
     import importlib

@@ -30,7 +30,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
 
 # streaming granularities of a channel (the overlap pass chooses one per data edge)
 GRANULARITIES = ("sample", "group", "micro_batch", "step")
@@ -177,6 +177,23 @@ class WorkerPlan:
     process: str = ""
     # its devices counted over the pools in order (placement rule 7): cuda:N without Ray
     devices: list[int] = field(default_factory=list)
+    # -- what the worker does, as the compiler decided it (lower rule 9): the runtime and the
+    # simulator read these and derive none of them again
+    loop: str = ""  # "batches" | "serve" (continuous batching) | "train"
+    # the train task whose version the rollouts follow (a sync edge's source, else the first
+    # trainer) and whose choice of a step's rows other trainers follow; None: no trainer
+    primary: str | None = None
+    # "leads" (records the rows of each step it trains) | "follows" (trains the rows the primary
+    # chose) | "" (neither: one trainer, or every trainer reads every row in order)
+    chooses: str = ""
+    gate_alpha: int | None = None  # gate rule 2: its WAIT ops' max_lag (None: waits for none)
+    accept_alpha: int = 0  # gate rule 4 (a trainer): the staleness its versions may carry
+    publish_every: int = 1  # a trainer: publishes after every this many steps
+    # a trainer: the field its reads carry for the step's reward_mean (a reward task's reward,
+    # else a multi-turn rollout's episode return); None: no reward in the pipeline
+    reward_field: str | None = None
+    # how the rollout samples ({"temperature": t}): scorers and trainers compute log-probs at it
+    sampling: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -294,6 +311,15 @@ class Plan:
             if w is None:
                 raise KeyError(wid)
         return w
+
+    def with_steps(self, steps: int) -> "Plan":
+        """This plan run for ``steps`` train steps (``--steps``): a new plan, this one unchanged;
+        the versions an ``eval:`` evaluates follow (evalplan rule 5)."""
+        out = dataclasses.replace(self, step=dataclasses.replace(self.step, steps=int(steps)))
+        if self.eval is not None:
+            out = dataclasses.replace(out, eval=dataclasses.replace(
+                self.eval, versions=eval_versions(self.eval.every or None, int(steps))))
+        return out
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

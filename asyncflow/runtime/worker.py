@@ -89,7 +89,9 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              "device_share": next((float(w.resources.get(plan.device_kind, 0) or 0)
                                    for w in plan.workers if w.id == f"{task.name}/{replica}"), None),
              # scorers and trainers see log-probs at the temperature the rollout sampled with
-             "temperature": _rollout_temperature(plan), "search_path": list(paths),
+             "temperature": float(plan.worker(f"{task.name}/{replica}").sampling.get(
+                 "temperature", 1.0)) if _has_worker(plan, task.name, replica) else 1.0,
+             "search_path": list(paths),
              "task_loc": getattr(task, "loc", ""),  # for an engine's located errors (AF65x)
              # the scheduling keys an engine acts on (engines/base.py, "scheduling")
              "schedule": task.schedule, "on_update": task.on_update, "stream": task.stream}
@@ -106,19 +108,12 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
         seed=plan.seed, replica=replica, replicas=task.replicas, extra=extra)
 
 
-def serves(task, engine_cls) -> bool:
-    """Whether a rollout runs the ``serve`` loop (continuous batching): ``schedule: queue`` on
-    an engine class that has ``serve``; otherwise whole batches."""
-    if not hasattr(engine_cls, "serve") or task.schedule == "batch":
+def _has_worker(plan: Plan, task: str, replica: int) -> bool:
+    try:
+        plan.worker(f"{task}/{replica}")
+    except KeyError:  # an engine built outside the plan's workers (a test, a benchmark)
         return False
-    return task.schedule == "queue" or (not task.schedule and task.engine == "sim")
-
-
-def _rollout_temperature(plan: Plan) -> float:
-    for t in plan.tasks:
-        if t.kind == "rollout" and "temperature" in (t.args or {}):
-            return float(t.args["temperature"])
-    return 1.0
+    return True
 
 
 def body(ops: list[Op]) -> list[Op]:
@@ -156,30 +151,25 @@ class Worker(ServeLoop, StepReads):
                     "COMPUTE": self._compute, "WRITE": self._write, "PUBLISH": self._publish}
         self.loops = {"batches": self._loop_batches, "serve": self._loop_serve,
                       "train": self._loop_train}
-        self.loop = kinds.KINDS[self.task.kind].loop
-        # gate rule 2: alpha is the WAIT ops' max_lag (the smallest of the task's sync edges)
-        lags = [o.max_lag for o in self.body if o.kind == "WAIT" and o.max_lag is not None]
+        # what it does, as the plan says (lower rule 9): its loop, the gate's alphas, ...
+        self.loop = self.wp.loop
         sps, steps, spp = self.st.samples_per_step, self.st.steps, self.st.samples_per_prompt
         # the scheduling keys: groups launched per step (redundancy), drop reasons replaced by
         # new groups (refill, first_ready), and the trainer's step windows over them
         self.launch = int(self.st.launch_groups or self.st.prompts_per_step)
         self.windows = Windows(spp, self.launch, self.st.replace)
         launch_rows = self.launch * spp
-        self.gate: Gate | None = Gate(min(lags), sps, steps, launch_rows) if lags else None
+        # gate rule 2: alpha is the WAIT ops' max_lag (the smallest of the task's sync edges)
+        alpha = self.wp.gate_alpha
+        self.gate: Gate | None = Gate(alpha, sps, steps, launch_rows) if alpha is not None else None
         # gate rule 4 for a trainer: the staleness its published versions may carry
-        self.accept = Gate(max((s.max_staleness for s in self.plan.sync if s.src == self.task.name),
-                               default=0), sps, steps, launch_rows)
+        self.accept = Gate(self.wp.accept_alpha, sps, steps, launch_rows)
         self.on_update = self.task.on_update or "finish"
         self.consume = self.task.consume or "in_order"
-        trainers = [t.name for t in self.plan.tasks if t.kind == "train"]
-        srcs = [s.src for s in self.plan.sync if s.src in trainers]
         # the train task whose choice of rows the others follow (first_ready, redundancy)
-        self.primary = (srcs or trainers or [None])[0]
-        chooses = (self.loop == "train" and len(trainers) > 1
-                   and (self.launch != self.st.prompts_per_step
-                        or any(t.consume == "first_ready" for t in self.plan.tasks)))
-        self.leads = chooses and self.task.name == self.primary  # records its rows per step
-        self.follows = chooses and self.task.name != self.primary  # trains those rows
+        self.primary = self.wp.primary
+        self.leads = self.wp.chooses == "leads"  # records its rows per step
+        self.follows = self.wp.chooses == "follows"  # trains the rows the primary chose
         self._g0 = int(self.opt.get("start_step", 0)) * self.launch  # the next window's group
         if self.opt.get("start_row") is not None:
             self._g0 = int(self.opt["start_row"]) // spp
@@ -192,8 +182,7 @@ class Worker(ServeLoop, StepReads):
         self.hopeless = (self.loop == "serve" and self.gate is not None
                          and "staleness" in self.st.replace and self.on_update != "abort")
         self.models_in = sorted({o.model for o in self.body if o.kind == "ADOPT" and o.model})
-        self.publish_every = max((int(s.publish_every or 1) for s in self.plan.sync
-                                  if s.src == self.task.name), default=1)
+        self.publish_every = self.wp.publish_every
         self.engine: Any = None
         self.adopter: Adopter | None = None
         self.publisher: Publisher | None = None  # a trainer's (_publisher)
@@ -236,11 +225,9 @@ class Worker(ServeLoop, StepReads):
         self.stamps = any(r == "response" for _, r in self.roles_out)
         # a trainer's reads carry the reward column (for the step's reward_mean): the field a
         # reward task writes as its reward, else a multi-turn rollout's episode return
-        self.reward = None
+        self.reward = self.wp.reward_field
         self.fields = None
         if self.loop == "train":
-            self.reward = next((f for t in sorted(self.plan.tasks, key=lambda t: t.kind != "reward")
-                                for f, r in t.bind_out if r == "reward"), None)
             if self.reward and self.reward not in self.task.inputs:
                 self.fields = list(self.task.inputs) + [self.reward]
         # samples.jsonl: the primary trainer's report of a logged step carries a few of its rows
@@ -330,10 +317,7 @@ class Worker(ServeLoop, StepReads):
     def _run(self) -> dict:
         try:
             self._start()
-            loop = self.loop
-            if loop == "serve" and not serves(self.task, type(self.engine)):
-                loop = "batches"  # schedule: batch, or an engine without continuous batching
-            self.loops[loop]()
+            self.loops[self.loop]()
             status = "stopped"
         except Crash:
             return self._final("crashed")

@@ -33,7 +33,7 @@ from typing import Any
 from asyncflow.plan import Plan, TaskPlan
 from asyncflow.runtime.driver import feed_ahead, feed_target
 from asyncflow.runtime.store import SampleStore
-from asyncflow.runtime.worker import Stop, Worker, engine_spec, serves
+from asyncflow.runtime.worker import Stop, Worker, engine_spec
 
 FOREVER = 1e18
 
@@ -668,9 +668,7 @@ class Simulation:
                 "lease_s": FOREVER}
         self.workers: list[SimWorker] = []
         for wp in plan.workers:
-            task = plan.task(wp.task)
-            loop = _loop(plan, task)
-            cls = {"serve": ServeWorker, "train": TrainWorker}.get(loop, BatchWorker)
+            cls = {"serve": ServeWorker, "train": TrainWorker}.get(wp.loop, BatchWorker)
             self.workers.append(cls(self, wp, opts))
         self.by_task: dict[str, list[SimWorker]] = {}
         for w in self.workers:
@@ -880,34 +878,12 @@ def _last_writers(plan: Plan) -> dict[str, list[str]]:
     return readers
 
 
-def _loop(plan: Plan, task: TaskPlan) -> str:
-    """The loop ``asyncflow run`` gives the task (``serve`` only when its engine serves)."""
-    from asyncflow import kinds
-
-    loop = kinds.KINDS[task.kind].loop
-    if loop != "serve":
-        return loop
-    has = task.engine in ("sim", "hf", "vllm")
-    if not has and task.engine:
-        try:
-            from asyncflow.engines.base import load_engine_class
-
-            has = hasattr(load_engine_class(task.engine), "serve")
-        except Exception:
-            has = False
-    return "serve" if serves(task, _Serving if has else object) else "batches"
-
-
-class _Serving:
-    serve = None
-
-
 def simulate(plan: Plan, *, steps: int | None = None, max_events: int = 0,
              exhaustive: bool = False) -> SimResult:
     """Execute ``plan`` in virtual time and return what it did (module docstring). ``steps``
     overrides the plan's; ``max_events`` stops a runaway simulation (``stalled`` says so)."""
     if steps is not None:
-        plan.step.steps = int(steps)
+        plan = plan.with_steps(steps)
     return Simulation(plan, max_events=max_events, exhaustive=exhaustive).run()
 
 

@@ -53,6 +53,16 @@ The sync schedule (one :class:`SyncPlan` per sync edge): ``deferred`` when ``max
 whose weights are torch tensors (``TENSOR_ENGINES``) and the backend is Ray, ``store`` otherwise
 (the local backend's board hands the trainer's tensors over in memory). Worker ids are
 ``"task/replica"``; channel ids ``"src->dst"``.
+
+9. Every :class:`WorkerPlan` says what its worker does (:func:`worker_settings`), so the runtime
+   and the simulator derive nothing: its ``loop`` (the kind's; ``serve`` only where the engine
+   serves requests and the schedule asks for it, else ``batches``), the ``primary`` trainer (a
+   sync edge's source, else the first trainer in topological order), whether it ``chooses``
+   rows for the others (``leads``) or trains the rows the primary chose (``follows``: several
+   trainers with redundancy or ``first_ready``), the gate's ``gate_alpha`` (its WAITs' max_lag)
+   and ``accept_alpha`` (a trainer: its sync edges' largest max_staleness), ``publish_every``,
+   the ``reward_field`` a trainer's reads carry for the step's reward, and the rollout's
+   ``sampling`` settings (the temperature scorers and trainers compute log-probs at).
 """
 from __future__ import annotations
 
@@ -63,6 +73,7 @@ from asyncflow.compiler.passes import (launch_groups, micro_batch, replaced, sch
                                        train_tasks_of)
 from asyncflow.compiler.passes.overlap import RANK
 from asyncflow.compiler.runner import Context
+from asyncflow.engines.base import engine_serves
 from asyncflow.ir import Graph, SourceNode
 from asyncflow.compiler.passes.evalplan import eval_plan, held_out
 from asyncflow import lora
@@ -261,6 +272,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                               bucket_bytes=int((e.defn.bucket_mb or 128) * (1 << 20)),
                               delta=bool(e.defn.delta)))
 
+    settings = worker_settings(g, order, syncs)
     tasks, workers = [], []
     for n in order:
         node = g.node(n)
@@ -290,7 +302,8 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                                       [Op(**{**o.__dict__, "fields": list(o.fields),
                                              "share": list(share) if o.kind == "READ" else []})
                                        for o in mine],
-                                      w.get("process") or w["id"], list(w.get("devices", []))))
+                                      w.get("process") or w["id"], list(w.get("devices", [])),
+                                      **settings(n, d, mine)))
     return Plan(
         pipeline=p.name, source_file=ctx.source_file, seed=p.seed,
         step=StepPlan(st.prompts_per_step, st.samples_per_prompt, st.samples_per_step, st.steps,
@@ -299,6 +312,53 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         sync=syncs, concurrency=[list(c) for c in g.g.graph.get("concurrency", [])],
         device_kind=placement["device_kind"], fields=plain(g.g.graph.get("fields", {})),
         eval=eval_plan(p, plain))
+
+
+def task_loop(g: Graph, task: str) -> str:
+    """Rule 9: the loop a task's workers run -- the kind's, except that a ``serve`` kind runs
+    ``batches`` unless its engine serves requests (continuous batching) and its ``schedule``
+    asks for it (``queue``; unset: the sim engine's default)."""
+    d = g.node(task).defn
+    loop = kinds.KINDS[d.kind].loop
+    if loop != "serve":
+        return loop
+    schedule = scheduling(g, task)["schedule"]
+    if schedule == "batch" or not engine_serves(d.engine):
+        return "batches"
+    return "serve" if schedule == "queue" or (not schedule and d.engine == "sim") else "batches"
+
+
+def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan]):
+    """Rule 9: ``settings(task, defn, ops)`` -> the :class:`WorkerPlan` fields that say what a
+    worker of ``task`` does (its loop, the primary trainer, the gate's alphas, ...)."""
+    p = g.pipeline
+    defs = {n: g.node(n).defn for n in order if not isinstance(g.node(n), SourceNode)}
+    trainers = [n for n, d in defs.items() if d.kind == "train"]
+    srcs = [s.src for s in syncs if s.src in trainers]
+    primary = (srcs or trainers or [None])[0]
+    launch = launch_groups(g) or p.step.prompts_per_step
+    first_ready = any(scheduling(g, n)["consume"] == "first_ready" for n in defs)
+    reward = next((f for n in sorted(defs, key=lambda n: defs[n].kind != "reward")
+                   for f, r in g.meta(n).get("bind_out", []) if r == "reward"), None)
+    temperature = next((float(d.args["temperature"]) for d in defs.values()
+                        if d.kind == "rollout" and "temperature" in (d.args or {})), 1.0)
+
+    def settings(task: str, d, ops: list[Op]) -> dict:
+        loop = task_loop(g, task)
+        chooses = ""
+        if loop == "train" and len(trainers) > 1 and (launch != p.step.prompts_per_step
+                                                       or first_ready):
+            chooses = "leads" if task == primary else "follows"
+        lags = [o.max_lag for o in ops if o.kind == "WAIT" and o.max_lag is not None]
+        return {"loop": loop, "primary": primary, "chooses": chooses,
+                "gate_alpha": min(lags) if lags else None,
+                "accept_alpha": max((s.max_staleness for s in syncs if s.src == task), default=0),
+                "publish_every": max((int(s.publish_every or 1) for s in syncs if s.src == task),
+                                     default=1),
+                "reward_field": reward if loop == "train" else None,
+                "sampling": {"temperature": temperature}}
+
+    return settings
 
 
 def _model_source(p, name: str, device_kind: str = "CPU") -> dict:

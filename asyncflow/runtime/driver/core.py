@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from asyncflow import refs
-from asyncflow.plan import Plan, eval_versions
+from asyncflow.plan import Plan
 from asyncflow.runtime.backends import make_backend
 from asyncflow.runtime.control import ControlLost
 from asyncflow.runtime.data import load_prompts
@@ -80,10 +80,8 @@ class Driver:
         self.run_options = ro = dataclasses.replace(run or RunOptions(), **knobs)
         backend, steps = ro.backend, ro.steps
         plan = copy.deepcopy(plan)
-        if steps is not None:
-            plan.step.steps = int(steps)
-            if plan.eval is not None:  # --steps: the versions evaluated follow (evalplan rule 5)
-                plan.eval.versions = eval_versions(plan.eval.every or None, plan.step.steps)
+        if steps is not None:  # --steps: one plan transformation (eval versions follow)
+            plan = plan.with_steps(steps)
         self.plan = plan
         self.evals: list[dict] = []  # eval: rows (runtime/evaluate.py), in arrival order
         self.out_dir = out_dir
@@ -368,9 +366,8 @@ class Driver:
         return not sup.alive(ev.worker)
 
     def _primary(self, trainers: list[str]) -> str | None:
-        """The train task whose version the rollouts follow (a sync edge's source)."""
-        srcs = [s.src for s in self.plan.sync if s.src in trainers]
-        return srcs[0] if srcs else (trainers[0] if trainers else None)
+        """The train task whose version the rollouts follow, as the plan says (lower rule 9)."""
+        return next((w.primary for w in self.plan.workers if w.task in trainers), None)
 
     def _phases(self):
         """A recorder of start-up phases into ``self.startup``: ``phase(name)`` charges the time
