@@ -3,16 +3,23 @@
 ==============  ==============================================================
 module          what it owns
 ==============  ==============================================================
-``driver``      feeds prompts, starts workers, writes metrics/trace: ``run_plan``
+``driver``      a package: feeds prompts, starts workers, writes metrics/trace: ``run_plan``
+                (``core``: the Driver; ``feeding``; ``metrics``; ``records``: run files
+                and checkpoint closing; ``supervise``: deaths, restarts, the watchdog)
+``faults``      RunError, the AF63x faults, ``--inject`` parsing
+``options``     RunOptions: one run's knobs, handed down from the CLI
 ``worker``      one task replica's READ / COMPUTE / WRITE loop (``serve_loop``: continuous
                 batching; ``step_reads``: a train step's reads; ``signals``: Crash, Stop)
 ``gate``        the staleness gate (who may start / consume what)
 ``weights``     weight publication and adoption (deferred sync), exposed time
 ``tasks``       reward / advantage / filter / custom functions over column batches
 ``trace``       spans -> Chrome trace; metrics.jsonl
-``backends``    local threads vs Ray actors, one per process of the plan (+ the control plane)
+``backends``    the backends by name: ``local_backend`` (threads), ``ray_backend`` (one actor
+                per process of the plan); ``control``: the control plane; ``placement``:
+                bundles, feasibility, CPU pinning; ``ray_connect``/``ray_patch``: starting Ray
 ``store``       the streaming sample store, a package (``local``: in process; ``ray``: sharded
                 on Ray; ``protocol``: the ``Store`` seam; ``codec``: column types)
+``rundir``      the run directory's rules (lock, manifest, ``--force``, ``--resume``)
 ==============  ==============================================================
 
 Nothing is imported eagerly: ``import asyncflow.runtime`` never imports Ray.

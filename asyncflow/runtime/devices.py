@@ -1,7 +1,7 @@
 """The device a worker's engine runs on (placement rule 7, :mod:`asyncflow.compiler.passes.placement`).
 
 On Ray a worker's process asks for its plan share of its bundles' GPUs
-(:meth:`asyncflow.runtime.backends.RayBackend.start`) and Ray assigns it GPU ids, setting
+(:meth:`asyncflow.runtime.ray_backend.RayBackend.start`) and Ray assigns it GPU ids, setting
 ``CUDA_VISIBLE_DEVICES`` to them: the process sees them as ``cuda:0 .. cuda:n-1``, and the engine
 runs on ``cuda:0`` (an engine over several devices, e.g. tensor parallel, gets them all). Without
 Ray (the local backend, one node) the plan's ``devices`` are the CUDA indices: ``cuda:N``. Where
