@@ -91,3 +91,26 @@ def test_cli_exits_2_with_the_data_file_line(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "rows.jsonl:2:1: AF601" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_asyncflow_variables_become_run_options_read_only_by_the_cli():
+    """ASYNCFLOW_* are read by `asyncflow run` alone (env_options) into RunOptions, which the
+    driver hands down: the workers' options carry the call bound; a bad value is a bad
+    parameter, not a crash at import time."""
+    import typer
+
+    from asyncflow.commands.run import env_options
+    from asyncflow.runtime.driver import Driver
+    from asyncflow.runtime.options import RunOptions
+
+    env = {"ASYNCFLOW_CALL_TIMEOUT_S": "7.5", "ASYNCFLOW_PG_TIMEOUT_S": "30",
+           "ASYNCFLOW_RAY_FULL": "1", "PATH": "/bin"}
+    assert env_options(env) == {"call_timeout_s": 7.5, "pg_timeout_s": 30.0, "ray_full": True}
+    assert env_options({}) == {}
+    for bad in ("soon", "0"):
+        with pytest.raises(typer.BadParameter, match="ASYNCFLOW_CALL_TIMEOUT_S"):
+            env_options({"ASYNCFLOW_CALL_TIMEOUT_S": bad})
+    plan = compile_file(str(ROOT / "pipelines/sim_longtail.yaml"))
+    d = Driver(plan, run=RunOptions(call_timeout_s=7.5), steps=2)
+    assert d.options["call_timeout_s"] == 7.5 and d.run_options.backend == "local"
+    assert d.plan.step.steps == 2 and plan.step.steps != 2  # --steps: a new plan, once
