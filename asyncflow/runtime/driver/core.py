@@ -168,29 +168,13 @@ class Driver:
                              log_samples=bool(self.options["log_samples"]),
                              keep_checkpoints=self.keep_checkpoints)
         feeder = Feeder(plan, prompts, resumed["first_row"] if resumed else 0, start)
-        sup = Supervisor(plan, self.backend, self.store, self.control, options=self.options,
-                         events=self.events, restarts=self.restarts,
-                         max_restarts=self.max_restarts, stall_timeout=self.stall_timeout,
-                         checkpoint_every=self.checkpoint_every, out_dir=self.out_dir,
-                         poll_s=self.poll_s)
-        self.supervisor = sup
-        sup.started = self.started
+        sup = self._supervisor()
         interrupted, restart = False, None
         try:
             self._start_workers(sup, phase, start)
             book.last["t"] = self.ready = time.time()  # step 0's clock starts when rows can flow
             feeder.first(self.store, start)
-            self._last_expire = time.time()
-            while True:
-                try:
-                    turn = self._turn(sup, book, records, feeder)
-                except StoreLost as e:
-                    raise lost("sample store", e) from None
-                if turn == "done":
-                    break
-                if turn == "next":
-                    sup.watchdog()
-                    time.sleep(self.poll_s)
+            self._loop(sup, book, records, feeder)
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -202,6 +186,30 @@ class Driver:
         return self.result
 
     # -- the steps of a run --------------------------------------------------------------------
+    def _supervisor(self) -> Supervisor:
+        sup = Supervisor(self.plan, self.backend, self.store, self.control, options=self.options,
+                         events=self.events, restarts=self.restarts,
+                         max_restarts=self.max_restarts, stall_timeout=self.stall_timeout,
+                         checkpoint_every=self.checkpoint_every, out_dir=self.out_dir,
+                         poll_s=self.poll_s)
+        sup.started = self.started
+        self.supervisor = sup
+        return sup
+
+    def _loop(self, sup: Supervisor, book: StepBook, records: RunRecords, feeder: Feeder) -> None:
+        """Turns until the run is over; a lost store is AF632."""
+        self._last_expire = time.time()
+        while True:
+            try:
+                turn = self._turn(sup, book, records, feeder)
+            except StoreLost as e:
+                raise lost("sample store", e) from None
+            if turn == "done":
+                return
+            if turn == "next":
+                sup.watchdog()
+                time.sleep(self.poll_s)
+
     def _prompts(self) -> list[dict]:
         """The training prompts; the first row's non-text values (chat messages) go to every
         engine, which encodes its prompt once at start-up, so a chat its tokenizer cannot render
