@@ -79,15 +79,15 @@ def test_tensor_parallel_size_from_devices_per_replica(monkeypatch):
 def test_cpu_ranks_are_bound_to_cores_or_a_coded_error(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5}, raising=False)
-    ve._bind_cpu_workers(spec(), 2)
+    ve.bind_cpu_workers(spec(), 2)
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     with pytest.raises(TaskError) as e:
-        ve._bind_cpu_workers(spec(), 2)
+        ve.bind_cpu_workers(spec(), 2)
     assert e.value.code == "AF654" and "generate" in str(e.value) and "1 core" in str(e.value)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|0")  # the user's own binding stands
-    ve._bind_cpu_workers(spec(), 2)
+    ve.bind_cpu_workers(spec(), 2)
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0|0"
 
 

@@ -152,7 +152,7 @@ class VLLMEngine:
         kw = engine_kwargs(self.spec, model_dir, cpu=current_platform.is_cpu(),
                            prefix_caching=self.prefix_caching)
         if kw.get("tensor_parallel_size", 1) > 1 and current_platform.is_cpu():
-            _bind_cpu_workers(self.spec, kw["tensor_parallel_size"])
+            bind_cpu_workers(self.spec, kw["tensor_parallel_size"])
         set_threads = torch.set_num_threads
         try:
             with _global_rng_kept():
@@ -570,7 +570,7 @@ def _engine_dir(spec: EngineSpec):
     return tmp.name, tmp
 
 
-def _bind_cpu_workers(spec: EngineSpec, tp: int) -> None:
+def bind_cpu_workers(spec: EngineSpec, tp: int) -> None:
     """vLLM on CPU binds each rank's OpenMP threads to cores and, left to itself, wants a NUMA
     node per rank: split this process's cores among the ranks (``VLLM_CPU_OMP_THREADS_BIND``,
     unless set to other than ``auto``), or say why tensor parallelism cannot run here
