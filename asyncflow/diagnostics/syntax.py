@@ -1,5 +1,5 @@
 """AF1xx: the source cannot be read or does not parse."""
-from asyncflow.diagnostics import Code, Example
+from asyncflow.diagnostics.code import Code, Example
 
 CODES = [
     Code("AF100", "unreadable-file", "cannot read '{path}': {reason}"),

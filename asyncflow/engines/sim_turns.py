@@ -7,7 +7,7 @@ environment (``spec.extra["env"]``, ``spec.extra["env_args"]``):
 
 - ``generate(batch)`` -> :func:`generate`, lock-step (``schedule: batch``): per turn, every
   active episode's agent turn in one batch that sleeps the *slot makespan* of their latencies
-  (:func:`asyncflow.engines.sim.slot_schedule`, ``slots`` slots, in batch order), then all their
+  (:func:`asyncflow.engines.sim_draws.slot_schedule`, ``slots`` slots, in batch order), then all their
   environment steps at once on a thread pool; the turn ends when the slowest step returns.
 - ``serve(pull, emit)`` -> :func:`serve`, env-level asynchrony (``schedule: queue``):
   :func:`asyncflow.engines.multiturn.serve_episodes` over a :class:`SimTurnServer`, so each
@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 from asyncflow.engines import multiturn
 from asyncflow.engines.base import Columns
-from asyncflow.engines.sim import DIGIT0, _rng, slot_schedule
+from asyncflow.engines.sim_draws import DIGIT0, rng, slot_schedule
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,17 +73,17 @@ def _row_turn(key: Any) -> tuple[Any, int]:
 
 def turn_latency(engine, row: Any, turn: int) -> float:
     """Modelled device seconds of agent turn ``turn`` of row ``row`` (before ``time_scale``)."""
-    return max(0.0, engine.latency.sample(_rng("latency", engine.latency.seed, row, turn)))
+    return max(0.0, engine.latency.sample(rng("latency", engine.latency.seed, row, turn)))
 
 
 def turn_tokens(engine, row: Any, turn: int) -> tuple[list[int], list[float]]:
     """Ids and log-probs of agent turn ``turn`` of row ``row``: ``response_tokens`` digits, then
     ``eos`` (the turn ends there)."""
-    n = max(1, int(round(engine.response_tokens.sample(_rng("len", engine.seed, row, turn)))))
-    rng = _rng("tokens", engine.seed, row, turn)
-    ids = [DIGIT0 + rng.randrange(10) for _ in range(n)] + [tokenizer().eos_id]
-    rng = _rng("logprobs", engine.seed, row, turn)
-    return ids, [round(-rng.expovariate(2.0) - 1e-3, 6) for _ in ids]
+    n = max(1, int(round(engine.response_tokens.sample(rng("len", engine.seed, row, turn)))))
+    digits = rng("tokens", engine.seed, row, turn)
+    ids = [DIGIT0 + digits.randrange(10) for _ in range(n)] + [tokenizer().eos_id]
+    lps = rng("logprobs", engine.seed, row, turn)
+    return ids, [round(-lps.expovariate(2.0) - 1e-3, 6) for _ in ids]
 
 
 def _max_turns(engine) -> int:
