@@ -44,7 +44,6 @@ it runs. A batch without ``_row`` uses the rows' positions in the batch.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import heapq
 import json
@@ -369,19 +368,7 @@ def _prompt_ids(prompt: Any) -> tuple:
         return prompt.ids
     if prompt is None:
         return ()
-    text = _prompt_text(prompt)
-    tok = _tokenizer()
-    return tuple(tok.encode(text)) if tok else tuple(ord(c) % 256 for c in text)
-
-
-@functools.lru_cache(maxsize=1)
-def _tokenizer():
-    try:
-        from asyncflow.models import CharTokenizer
-
-        return CharTokenizer()
-    except Exception:  # models.py is optional here: fall back to byte ids
-        return None
+    return tuple(sim_turns.tokenizer().encode(_prompt_text(prompt)))
 
 
 def _token_source(batch: Columns, n: int) -> list[Text] | None:

@@ -57,7 +57,8 @@ from asyncflow.engines.sim_draws import DIGIT0, rng, slot_schedule
 
 @functools.lru_cache(maxsize=1)
 def tokenizer():
-    """The tokenizer sim episodes are written in (the character tokenizer of the tiny models)."""
+    """The tokenizer sim episodes and prompts are written in (the character tokenizer of the tiny
+    models)."""
     from asyncflow.models import CharTokenizer
 
     return CharTokenizer()
