@@ -47,10 +47,7 @@ _CLOSE = {v: k for k, v in _OPEN.items()}
 _INT_RE = re.compile(r"^[+-]?\d+(_\d+)*$")
 _PUNCT = {"EQUAL": "=", "COLON": ":", "COMMA": ",", "LPAR": "(", "RPAR": ")", "LSQB": "[",
           "RSQB": "]", "LBRACE": "{", "RBRACE": "}", "ARROW": "->"}
-_KEYWORDS = {"PIPELINE", "SEED", "MODEL", "DATA", "POOL", "STEP", "TASK", "SYNC", "COPY", "FROZEN",
-             "TRUE", "FALSE", "NULL", "EVAL"}
 _STMT_TYPES = {s.upper() for s in STATEMENTS}
-_VALUE_START = {"STRING", "NUMBER", "WORD", "REF", "LSQB", "LBRACE"}
 
 _PARSER: Lark | None = None
 

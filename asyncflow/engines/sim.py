@@ -126,9 +126,6 @@ class SimEngine:
         """Modelled device seconds of the sample in store row ``row`` (before ``time_scale``)."""
         return row_latency(self.latency, row)
 
-    def _length(self, row: int) -> int:
-        return self._lengths([row])[0]
-
     def _lengths(self, rows: list[int]) -> list[int]:
         d = self.response_tokens
         if d.dist == "constant":
@@ -136,7 +133,7 @@ class SimEngine:
         return [max(1, int(round(d.sample(rng("len", self.seed, r))))) for r in rows]
 
     def _responses(self, rows: list[int], prompts) -> list[Text]:
-        """Each row's response: ``_length(row)`` random digits (draws keyed by the row)."""
+        """Each row's response: its ``response_tokens`` random digits (draws keyed by the row)."""
         lengths = self._lengths(rows)
         if not rows:
             return []
