@@ -108,7 +108,8 @@ class SimEngine:
         self.flight_at_update: list[int] = []  # samples in flight at each update_weights
 
     # -- time --------------------------------------------------------------------------------
-    def _sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of modelled time (times ``time_scale``)."""
         if seconds * self.time_scale > 0:
             time.sleep(seconds * self.time_scale)
 
@@ -118,7 +119,8 @@ class SimEngine:
             time.sleep(left)
 
     # -- per-row draws -----------------------------------------------------------------------
-    def _rows(self, batch: Columns) -> list[int]:
+    def rows_of(self, batch: Columns) -> list[int]:
+        """The store rows of ``batch`` (``_row``; without it, the positions in the batch)."""
         rows = batch.get("_row")
         return [int(r) for r in rows] if rows is not None else list(range(_n_rows(batch)))
 
@@ -159,7 +161,7 @@ class SimEngine:
 
     def _outputs(self, batch: Columns, names) -> Columns:
         """Deterministic outputs ``names`` for every row of ``batch``."""
-        rows = self._rows(batch)
+        rows = self.rows_of(batch)
         prompts = batch.get("prompt", [None] * len(rows))
         responses = self._responses(rows, prompts)
         makes_text = any(n == "response" or n.endswith("response") for n in names)
@@ -178,14 +180,14 @@ class SimEngine:
     # -- Rollout -----------------------------------------------------------------------------
     def schedule(self, batch: Columns) -> list[tuple[float, int]]:
         """``(finish_seconds, i)`` per row in completion order (unscaled); last = makespan."""
-        return slot_schedule([self.latency_of(r) for r in self._rows(batch)], self.slots)
+        return slot_schedule([self.latency_of(r) for r in self.rows_of(batch)], self.slots)
 
     def generate(self, batch: Columns) -> Columns:
         """All rows through ``slots`` slots; sleeps the slot makespan once, returns the outputs."""
         if self.spec.extra.get("env"):  # multi-turn, lock-step (asyncflow/engines/sim_turns.py)
             return sim_turns.generate(self, batch)
         done = self.schedule(batch)
-        self._sleep(done[-1][0] if done else 0.0)
+        self.sleep(done[-1][0] if done else 0.0)
         return self._outputs(batch, self.spec.outputs or ("response", "logprobs"))
 
     def generate_iter(self, batch: Columns) -> Iterator[tuple[int, dict]]:
@@ -242,7 +244,7 @@ class SimEngine:
                         if flight.pop(int(r), None) is not None:
                             self.cancelled += 1
                     if _n_rows({k: v for k, v in got.items() if k != "_cancel"}):
-                        now, rows = time.monotonic(), self._rows(got)
+                        now, rows = time.monotonic(), self.rows_of(got)
                         cols = self._outputs(got, names)
                         for i, r in enumerate(rows):
                             row = {"_row": r, "_version": self.version}
@@ -275,7 +277,7 @@ class SimEngine:
         """Adopt ``weights`` as policy ``version`` (sleeps ``sync_seconds``). Samples in flight
         in :meth:`serve`: ``on_update: abort`` restarts them with the new version (counted in
         ``aborted``); otherwise (``continue``) they keep their start version, the oldest."""
-        self._sleep(self.sync_seconds)
+        self.sleep(self.sync_seconds)
         with self._lock:
             self.weights, self.version = weights, int(version)
             self.adopted.append(int(version))
@@ -289,9 +291,9 @@ class SimEngine:
         """Per-token floats for ``outputs[0]`` (log-probs < 0, or values in [-1, 1]), one per
         token of the batch's response; sleeps ``seconds_per_sample * n``."""
         n = _n_rows(batch)
-        self._sleep(self.seconds_per_sample * n / self.devices)
+        self.sleep(self.seconds_per_sample * n / self.devices)
         name = (self.spec.outputs or ("logprobs",))[0]
-        rows = self._rows(batch)
+        rows = self.rows_of(batch)
         source = _token_source(batch, n)
         lengths = [len(t.ids) for t in source] if source else self._lengths(rows)
         return {name: self._per_tokens(rows, name, lengths)}
@@ -301,7 +303,7 @@ class SimEngine:
         """Sleeps ``seconds_per_sample * n``, bumps the version, returns ``{loss, samples, ...}``.
         The loss falls smoothly with the version, with a little deterministic noise."""
         n = _n_rows(batch)
-        self._sleep(self.seconds_per_sample * n / self.devices)
+        self.sleep(self.seconds_per_sample * n / self.devices)
         with self._lock:
             self.version += 1
             self.steps += 1
@@ -316,7 +318,7 @@ class SimEngine:
         n = 0
         for batch in micro_batches:
             k = _n_rows(batch)
-            self._sleep(self.seconds_per_sample * k / self.devices)
+            self.sleep(self.seconds_per_sample * k / self.devices)
             n += k
         with self._lock:
             self.version += 1

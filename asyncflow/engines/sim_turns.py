@@ -111,12 +111,12 @@ def _outputs(engine) -> tuple[str, ...]:
 def generate(engine, batch: Columns) -> Columns:
     """All episodes of ``batch`` in lock-step (the module docstring); returns the columns of
     :func:`asyncflow.engines.multiturn.rollout_columns`."""
-    rows = engine._rows(batch)
+    rows = engine.rows_of(batch)
     factory, kwargs = _environment(engine)
 
     def sample(prefixes, keys):
         done = slot_schedule([turn_latency(engine, r, t) for r, t in keys], engine.slots)
-        engine._sleep(done[-1][0] if done else 0.0)
+        engine.sleep(done[-1][0] if done else 0.0)
         turns = [turn_tokens(engine, r, t) for r, t in keys]
         return [ids for ids, _ in turns], [lps for _, lps in turns]
 

@@ -176,12 +176,10 @@ class VLLMEngine:
         return self._prompt(prompt)[0]
 
     def _prompt(self, prompt) -> tuple[list[int], str]:
-        """(ids, text the model sees): :func:`asyncflow.models.encode_prompt`."""
+        """(ids, text the model sees): :func:`asyncflow.models.model_prompt`."""
         from asyncflow import models
 
-        if isinstance(prompt, Text) and prompt.ids:
-            return list(prompt.ids), str(prompt)
-        return models.engine_prompt(self.spec, self.tokenizer, prompt)
+        return models.model_prompt(self, prompt)
 
     def _params(self, row, max_tokens: int | None = None):
         """Sampling parameters of the request for ``row`` (a store row, or any key: an agent
