@@ -201,13 +201,9 @@ def resume_of_a_changed_plan(tmp_path, monkeypatch):
     from asyncflow.runtime import rundir
 
     plan = _sim_plan()
-    ck = tmp_path / "run" / "checkpoints" / "step_1"
-    (ck / "engines" / "update").mkdir(parents=True)
-    (ck / "engines" / "update" / "state.json").write_text("{}")
-    (ck / "state.json").write_text(json.dumps({"version": 1}))
-    old = plan.to_dict()
-    old["sync"][0]["max_staleness"] = 1
-    (ck / "plan.json").write_text(json.dumps(old))
+    before = plan.to_dict()
+    before["sync"][0]["max_staleness"] = 1  # the checkpoint was made with staleness 1
+    (_checkpoint(tmp_path / "run", 1) / "plan.json").write_text(json.dumps(before))
     rundir.claim(str(tmp_path / "run"), plan, resume=True, force=False)
 
 
