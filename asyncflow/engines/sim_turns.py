@@ -7,8 +7,9 @@ environment (``spec.extra["env"]``, ``spec.extra["env_args"]``):
 
 - ``generate(batch)`` -> :func:`generate`, lock-step (``schedule: batch``): per turn, every
   active episode's agent turn in one batch that sleeps the *slot makespan* of their latencies
-  (:func:`asyncflow.engines.sim_draws.slot_schedule`, ``slots`` slots, in batch order), then all their
-  environment steps at once on a thread pool; the turn ends when the slowest step returns.
+  (:func:`asyncflow.engines.sim_draws.slot_schedule`, ``slots`` slots, in batch order), then
+  all their environment steps at once on a thread pool; the turn ends when the slowest step
+  returns.
 - ``serve(pull, emit)`` -> :func:`serve`, env-level asynchrony (``schedule: queue``):
   :func:`asyncflow.engines.multiturn.serve_episodes` over a :class:`SimTurnServer`, so each
   episode's next turn is queued the moment its observation arrives and a slow step holds up only
