@@ -1,10 +1,12 @@
 """House habits, checked statically and by small direct calls.
 
-- one exception hierarchy: every error asyncflow raises on purpose derives from
-  :class:`asyncflow.errors.AsyncflowError`, and joining it changed no behaviour;
+- one exception hierarchy: the errors that leave asyncflow (TaskError, SweepError with the
+  others) derive from :class:`asyncflow.errors.AsyncflowError`, and joining it changed no
+  behaviour;
 - no broad handler swallows an error: an ``except Exception`` / ``except BaseException`` / bare
   ``except`` whose body is only ``pass`` (or ``...``, a string, ``continue``) loses what went
-  wrong without a word; a handler re-raises with a reason, reports, or logs once what was lost.
+  wrong without a word; a handler re-raises with a reason, reports, or logs once what was lost
+  (as ``check``'s module look-up does for an import finder that raises).
 """
 from __future__ import annotations
 
