@@ -201,7 +201,6 @@ VLLM_ARGS = (
         "with on_update: continue)", _R),
 )
 
-_DS = ("train", "logprob", "value")
 DEEPSPEED_ARGS = (
     *(a for a in HF_ARGS if a.kinds != _R),
     Arg("zero_stage", "choice", 1, "ZeRO stage: 1 (optimizer states partitioned), 2 (+ "

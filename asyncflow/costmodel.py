@@ -228,10 +228,6 @@ class Distribution:
             _EMAX_CACHE[key] = hit
         return hit
 
-    def describe(self) -> str:
-        args = ", ".join(f"{k}={v:g}" for k, v in self.params.items())
-        return f"{self.dist}({args})"
-
 
 def expected_makespan(dist: Distribution, n: int, slots: int) -> float:
     """Expected time for one worker with ``slots`` parallel slots to finish ``n`` independent

@@ -1,7 +1,9 @@
 """One exception hierarchy, rooted at :class:`AsyncflowError`.
 
 ``UserError`` carries located, coded diagnostics (exit code 2); ``InternalError`` is a fault of
-asyncflow itself (exit code 1) and names where it happened (for the compiler: the pass).
+asyncflow itself (exit code 1) and names where it happened (for the compiler: the pass);
+``TaskError`` is a located, coded user error found while a task ran. Other modules derive their
+own (``RunError``, ``StoreError``, ``SweepError``, ...) from ``AsyncflowError`` too.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ class InternalError(AsyncflowError):
     """A bug in asyncflow, not in the user's input."""
 
 
-class TaskError(Exception):
+class TaskError(AsyncflowError):
     """A located user error found while a task ran (a user function, an engine's model or
     prompt); crosses process boundaries as a dict. Raised by the runtime's contract checks
     (:mod:`asyncflow.runtime.contract`) and by engines (:func:`asyncflow.models.located`)."""

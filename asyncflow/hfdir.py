@@ -8,6 +8,8 @@ import json
 import os
 import time
 
+from asyncflow.models import torch_dtype as to_torch_dtype
+
 INFO = "asyncflow_export.json"
 WEIGHTS = "model.safetensors"
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -23,10 +25,10 @@ def write_hf(directory: str, model, tokenizer, dtype: str = "float32", value_hea
     import torch
     from safetensors.torch import save_file
 
-    torch_dtype = _torch_dtype(dtype)
+    torch_dtype = to_torch_dtype(dtype)
     os.makedirs(directory, exist_ok=True)
     model.config.save_pretrained(directory)
-    _set_config_dtype(directory, dtype)
+    set_config_dtype(directory, dtype)
     gen = getattr(model, "generation_config", None)
     if gen is not None:
         try:
@@ -41,12 +43,12 @@ def write_hf(directory: str, model, tokenizer, dtype: str = "float32", value_hea
             if t.numel() and key in seen:
                 continue
             seen.add(key)
-            weights[name] = _cast(t, torch_dtype)
+            weights[name] = cast_tensor(t, torch_dtype)
     save_file(weights, os.path.join(directory, WEIGHTS), metadata={"format": "pt"})
     tokenizer.save(directory)
     if value_head is not None:
         write_value_head(directory, value_head, torch_dtype)
-    _write_info(directory, {**(info or {}), "dtype": dtype, "critic": value_head is not None})
+    write_info(directory, {**(info or {}), "dtype": dtype, "critic": value_head is not None})
 
 
 def write_value_head(directory: str, value_head, torch_dtype=None) -> None:
@@ -54,24 +56,22 @@ def write_value_head(directory: str, value_head, torch_dtype=None) -> None:
     ``bias [1]``), cast to ``torch_dtype`` (None: as it is)."""
     from safetensors.torch import save_file
 
-    head = {k: _cast(v, torch_dtype) for k, v in value_head.state_dict().items()}
+    head = {k: cast_tensor(v, torch_dtype) for k, v in value_head.state_dict().items()}
     save_file(head, os.path.join(directory, VALUE_HEAD_FILE), metadata={"format": "pt"})
 
 
-def _torch_dtype(dtype: str):
-    from asyncflow.models import torch_dtype
-
-    return torch_dtype(dtype)
-
-
-def _cast(t, torch_dtype):
+def cast_tensor(t, torch_dtype):
+    """``t`` on the CPU, contiguous and copied, cast to ``torch_dtype`` if it is a float (None:
+    as it is)."""
     t = t.detach().to("cpu")
     if torch_dtype is not None and t.is_floating_point():
         t = t.to(torch_dtype)
     return t.contiguous().clone()
 
 
-def _set_config_dtype(directory: str, dtype: str) -> None:
+def set_config_dtype(directory: str, dtype: str) -> None:
+    """Say ``dtype`` in ``directory``'s ``config.json`` (``dtype``, and ``torch_dtype`` where the
+    file has that older key)."""
     path = os.path.join(directory, "config.json")
     with open(path) as f:
         cfg = json.load(f)
@@ -83,7 +83,8 @@ def _set_config_dtype(directory: str, dtype: str) -> None:
         f.write("\n")
 
 
-def _write_info(directory: str, info: dict) -> None:
+def write_info(directory: str, info: dict) -> None:
+    """``asyncflow_export.json`` of an exported directory: ``info`` and the time."""
     with open(os.path.join(directory, INFO), "w") as f:
         json.dump({**info, "time": time.time()}, f, indent=1, sort_keys=True)
         f.write("\n")

@@ -42,6 +42,7 @@ import threading
 from typing import Any, NamedTuple, Sequence
 
 from asyncflow.modelsrc import DEFAULT_DTYPE, DTYPES, Source, SourceError, is_chat
+from asyncflow.tokens import Text
 
 TOKENIZER_FILE = "asyncflow_tokenizer.json"
 
@@ -385,3 +386,13 @@ def engine_prompt(spec, tokenizer, prompt) -> tuple[list[int], str]:
         return encode_prompt(tokenizer, prompt)
     except PromptError as e:
         raise located(spec, e) from None
+
+
+def model_prompt(engine, prompt) -> tuple[list[int], str]:
+    """``(ids, text the model sees)`` of a prompt for ``engine`` (its ``spec`` and
+    ``tokenizer``): a :class:`~asyncflow.tokens.Text` that carries its ids (an earlier turn's
+    output) as it is, anything else through :func:`engine_prompt` (a chat through the chat
+    template, a string as is)."""
+    if isinstance(prompt, Text) and prompt.ids:
+        return list(prompt.ids), str(prompt)
+    return engine_prompt(engine.spec, engine.tokenizer, prompt)

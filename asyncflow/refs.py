@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast as pyast
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -67,6 +68,21 @@ def resolve(target: str, paths: Sequence[str] = ()) -> Any:
     return obj
 
 
+_FAILED_FINDERS: set[str] = set()  # the import finders whose fault was logged (once each)
+
+
+def _finder_failed(finder, module: str, e: Exception) -> None:
+    """Log, once per finder, that it raised and was skipped: a module only it finds reads as
+    not found (AF341) though ``run`` might import it."""
+    name = getattr(finder, "__qualname__", None) or type(finder).__qualname__
+    if name in _FAILED_FINDERS:
+        return
+    _FAILED_FINDERS.add(name)
+    logging.getLogger(__name__).warning(
+        "the import finder %s raised %s: %s while looking for module %r; it is skipped, so a "
+        "module only it can find is reported as not found", name, e.__class__.__name__, e, module)
+
+
 def find_module(name: str, extra: list[str]):
     """The spec of module ``name``, found without importing it or its parent packages.
 
@@ -96,7 +112,8 @@ def find_module(name: str, extra: list[str]):
                 where = module_path(extra)
             try:
                 spec = find(full, where)
-            except Exception:  # a third-party finder's fault must not break `check`
+            except Exception as e:  # a third-party finder's fault must not break `check`
+                _finder_failed(finder, full, e)
                 spec = None
             if spec is not None:
                 break

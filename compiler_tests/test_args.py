@@ -28,7 +28,8 @@ ENGINES = ROOT / "asyncflow" / "engines"
 # a new one cannot be missed); None: a module that reads no task args
 MODULE_ENGINE = {"hf.py": "hf", "hf_serve.py": "hf", "torch_common.py": "hf", "multiturn.py": "hf",
                  "batching.py": None, "base.py": None, "__init__.py": None, "vllm.py": "vllm",
-                 "deepspeed.py": "deepspeed", "sim.py": "sim", "sim_turns.py": "sim"}
+                 "deepspeed.py": "deepspeed", "sim.py": "sim", "sim_turns.py": "sim",
+                 "sim_draws.py": "sim", "vllm_setup.py": "vllm"}
 GRPO = (PIPELINES / "grpo_digits.yaml").read_text()
 
 

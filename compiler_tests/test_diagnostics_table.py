@@ -16,13 +16,14 @@ from asyncflow.errors import UserError
 
 from conftest import PIPELINES, ROOT, pipeline_files, position
 
-NO_EXAMPLE = {"AF100", "AF106"}  # unreadable file, unknown suffix: dedicated tests below
-NO_EXAMPLE.add("AF213")  # a plug-in engine without ARGS: tests/test_argtable.py installs one
+# an unreadable file, a plug-in engine without ARGS: no source text holds them; their examples
+# are in tests/test_diagnostic_examples.py, with every run-time (AF6xx) code's
+NO_EXAMPLE = {"AF100", "AF213"}
 # AF401 (placement: pool capacity) restates validate's AF321, which catches its example first;
 # the placement pass's own tests check it alone
 SHADOWED = {"AF401": "AF321"}
 CASES = [(code, i, ex) for code, c in table().items() for i, ex in enumerate(c.examples)
-         if not code.startswith("AF6")]  # run-time codes are checked by the runtime tests
+         if not code.startswith("AF6")]  # run-time codes: tests/test_diagnostic_examples.py
 ASYNCFLOW = [sys.executable, "-m", "asyncflow.cli"]
 
 

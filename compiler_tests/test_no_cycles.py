@@ -148,3 +148,68 @@ def test_no_cycles_between_top_level_units():
     g = import_graph()
     cycles = sorted(nx.simple_cycles(g), key=len)
     assert not cycles, "import cycles:\n" + "\n".join(_explain(g, c + c[:1]) for c in cycles[:10])
+
+
+# -- between modules, inside a unit too -----------------------------------------------------------
+#: import edges (importer, imported) of known circles still open in files other helpers own; the
+#: merge of issue 23 empties this list. Every other circle fails the test below.
+ALLOWED_EDGES = {
+    # runtime/data.py imports RunError from runtime/driver.py inside load_prompts/load_rows, and
+    # driver.py imports data.py: helper "rooms" moves RunError out (its files)
+    ("asyncflow.runtime.data", "asyncflow.runtime.driver"),
+}
+
+
+def module_graph() -> nx.DiGraph:
+    """Modules as nodes; an edge per import of one asyncflow module by another, at module level
+    or inside a function (an import inside a function that dodges a circle is still one), its
+    ``why``: the import lines. A package's ``__init__`` is its own node (``asyncflow.x``);
+    torch, transformers, vllm, deepspeed and ray are not asyncflow modules, so their lazy
+    imports are no edges."""
+    known = modules()
+    g = nx.DiGraph()
+    for module, path in known.items():
+        g.add_node(module)
+        for target, line in imports(module, path, known):
+            if target == module:
+                continue
+            if not g.has_edge(module, target):
+                g.add_edge(module, target, why=[])
+            g.edges[module, target]["why"].append(f"{path.relative_to(ROOT)}:{line}")
+    return g
+
+
+def _circles(g: nx.DiGraph) -> list[list[str]]:
+    return sorted((c for c in nx.simple_cycles(g)), key=lambda c: (len(c), c))
+
+
+def _explain_modules(g: nx.DiGraph, cycle: list[str]) -> str:
+    lines = [" -> ".join(cycle + cycle[:1])]
+    for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+        lines += [f"    {w} imports {b}" for w in g.edges[a, b]["why"]]
+    return "\n".join(lines)
+
+
+def test_the_module_graph_sees_imports_inside_functions():
+    g = module_graph()
+    assert g.has_edge("asyncflow.compiler.pipeline", "asyncflow.dsl.load")  # in a function
+    assert g.has_edge("asyncflow.engines.sim", "asyncflow.engines.sim_draws")
+    assert not any(n.split(".")[0] != "asyncflow" for n in g)
+
+
+def test_no_import_circles_between_modules():
+    """No module imports, at any depth and at any place in it, a module that imports it back;
+    the circles :data:`ALLOWED_EDGES` names are listed, not failed, until their owners fix them."""
+    g = module_graph()
+    allowed = {e for e in ALLOWED_EDGES if g.has_edge(*e)}
+    g.remove_edges_from(allowed)
+    circles = _circles(g)
+    assert not circles, f"{len(circles)} import circle(s):\n" + "\n".join(
+        _explain_modules(g, c) for c in circles[:10])
+
+
+def test_the_allowed_circles_are_still_circles():
+    """An allowed edge whose circle is gone leaves the list (so it never hides a new one)."""
+    g = module_graph()
+    stale = [e for e in ALLOWED_EDGES if not g.has_edge(*e) or not nx.has_path(g, e[1], e[0])]
+    assert not stale, f"no longer circles, remove them from ALLOWED_EDGES: {stale}"

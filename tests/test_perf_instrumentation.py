@@ -83,11 +83,11 @@ def test_lean_local_ray_patches_only_while_ray_starts():
 
 
 def test_key_random_is_keyed_and_uniform():
-    from asyncflow.engines.sim import KeyRandom, _rng, uniforms
+    from asyncflow.engines.sim_draws import KeyRandom, rng, uniforms
 
-    a, b = _rng("latency", 5, 12), _rng("latency", 5, 12)
+    a, b = rng("latency", 5, 12), rng("latency", 5, 12)
     assert [a.random() for _ in range(5)] == [b.random() for _ in range(5)]
-    assert _rng("latency", 5, 12).random() != _rng("latency", 5, 13).random()
+    assert rng("latency", 5, 12).random() != rng("latency", 5, 13).random()
     xs = np.array([KeyRandom(f"k:{i}").random() for i in range(20000)])
     assert 0.0 <= xs.min() and xs.max() < 1.0 and abs(xs.mean() - 0.5) < 0.01
     counts = np.bincount([KeyRandom(f"r:{i}").randrange(10) for i in range(20000)], minlength=10)

@@ -347,7 +347,7 @@ def test_tensor_parallel_two_ranks_on_cpu(greedy):
     s = spec("rollout", temperature=0.0)
     s.extra.update(device_kind="GPU", devices=2)
     engine = VLLMEngine(s)
-    assert len(engine._rpc(vllm_engine._packed_modules)) == 2  # one answer per rank
+    assert len(engine._rpc(vllm_engine.packed_modules)) == 2  # one answer per rank
     prompts = PROMPTS[:8]
     batch = {"prompt": prompts, "_row": rows(8)}
     a = engine.generate(batch)

@@ -11,6 +11,7 @@ import pytest
 
 from asyncflow.compiler import compile_file
 from asyncflow.engines import vllm as ve
+from asyncflow.engines import vllm_setup
 from asyncflow.engines.base import EngineSpec
 from asyncflow.errors import TaskError
 from asyncflow.runtime.worker import engine_spec
@@ -46,13 +47,14 @@ def test_memory_utilization_is_the_plans_share_of_the_device(monkeypatch):
     three = gpu_plan(monkeypatch, "tasks.update.pool=rollout")
     s = engine_spec(three, three.task("generate"), 0)
     assert s.extra["device_share"] == pytest.approx(0.3333)
-    assert ve.memory_utilization(s) == 0.29
+    assert vllm_setup.memory_utilization(s) == 0.29
 
 
 def test_memory_utilization_arg_overrides_and_default_without_a_plan():
-    assert ve.memory_utilization(spec({"gpu_memory_utilization": 0.7}, device_share=0.5)) == 0.7
-    assert ve.memory_utilization(spec()) == ve.MEMORY_DEFAULT
-    assert ve.memory_utilization(spec(device_share=0.25)) == 0.22
+    given = spec({"gpu_memory_utilization": 0.7}, device_share=0.5)
+    assert vllm_setup.memory_utilization(given) == 0.7
+    assert vllm_setup.memory_utilization(spec()) == vllm_setup.MEMORY_DEFAULT
+    assert vllm_setup.memory_utilization(spec(device_share=0.25)) == 0.22
 
 
 def test_tensor_parallel_size_from_devices_per_replica(monkeypatch):
@@ -79,15 +81,15 @@ def test_tensor_parallel_size_from_devices_per_replica(monkeypatch):
 def test_cpu_ranks_are_bound_to_cores_or_a_coded_error(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5}, raising=False)
-    ve._bind_cpu_workers(spec(), 2)
+    ve.bind_cpu_workers(spec(), 2)
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     with pytest.raises(TaskError) as e:
-        ve._bind_cpu_workers(spec(), 2)
+        ve.bind_cpu_workers(spec(), 2)
     assert e.value.code == "AF654" and "generate" in str(e.value) and "1 core" in str(e.value)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|0")  # the user's own binding stands
-    ve._bind_cpu_workers(spec(), 2)
+    ve.bind_cpu_workers(spec(), 2)
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0|0"
 
 
@@ -108,8 +110,8 @@ def test_layer_groups_follow_the_models_packing():
     names = ["m.l.0.attn.q_proj.weight", "m.l.0.attn.q_proj.bias", "m.l.0.attn.k_proj.weight",
              "m.l.0.attn.o_proj.weight", "m.l.0.mlp.up_proj.weight", "m.l.0.mlp.gate_proj.weight",
              "m.norm.weight"]
-    groups = ve._layer_groups(names, {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
-                                      "gate_up_proj": ["gate_proj", "up_proj"]})
+    groups = ve.layer_groups(names, {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                                     "gate_up_proj": ["gate_proj", "up_proj"]})
     assert groups == {"m.l.0.attn.qkv_proj": ["m.l.0.attn.k_proj.weight", "m.l.0.attn.q_proj.bias",
                                               "m.l.0.attn.q_proj.weight"],
                       "m.l.0.attn.o_proj": ["m.l.0.attn.o_proj.weight"],

@@ -23,35 +23,11 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from asyncflow.loc import SourceLoc, Sources
+from asyncflow.diagnostics import compile as _compile
+from asyncflow.diagnostics import overrides, rules, runtime, schema, syntax
+from asyncflow.diagnostics.code import Code, Example
 from asyncflow.errors import UserError
-
-
-@dataclass(frozen=True)
-class Example:
-    """A source holding one mistake; the diagnostic must point at the first ``at`` in it.
-
-    An ``at`` of the form ``@LINE:COL`` (e.g. ``"@3:1"``) is an explicit 1-based position, for
-    places no text marks (the end of the file).
-
-    ``sets`` are ``--set`` overrides applied before checking; when ``in_set`` is true the
-    expected location is inside the first override's text rather than in the file.
-    """
-
-    text: str
-    at: str
-    suffix: str = ".yaml"
-    sets: tuple[str, ...] = ()
-    in_set: bool = False
-
-
-@dataclass(frozen=True)
-class Code:
-    code: str
-    name: str
-    message: str  # a str.format template
-    examples: tuple[Example, ...] = ()
-    severity: str = "error"
+from asyncflow.loc import SourceLoc, Sources
 
 
 @dataclass
@@ -96,9 +72,6 @@ QUOTE_WIDTH = 100  # characters of a source line quoted under a diagnostic
 
 
 def _table() -> dict[str, Code]:
-    from asyncflow.diagnostics import compile as _compile
-    from asyncflow.diagnostics import overrides, rules, runtime, schema, syntax
-
     table: dict[str, Code] = {}
     for mod in (syntax, schema, rules, _compile, overrides, runtime):
         for c in mod.CODES:

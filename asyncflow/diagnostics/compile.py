@@ -5,7 +5,7 @@ enforces (pool capacity); placement reports it itself so that it never crashes o
 placement, but with validate in front its example is caught there first -- the compiler tests
 check it against the placement pass alone.
 """
-from asyncflow.diagnostics import Code, Example
+from asyncflow.diagnostics.code import Code, Example
 from asyncflow.diagnostics.examples import BASE, mutate
 
 CODES = [

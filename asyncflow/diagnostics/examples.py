@@ -1,7 +1,7 @@
 """The base pipeline the table's examples mutate, one mistake each."""
 from __future__ import annotations
 
-from asyncflow.diagnostics import Example
+from asyncflow.diagnostics.code import Example
 
 BASE = """\
 pipeline: base

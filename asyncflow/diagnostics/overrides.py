@@ -1,5 +1,5 @@
 """AF5xx: command-line ``--set key.path=value`` overrides."""
-from asyncflow.diagnostics import Code
+from asyncflow.diagnostics.code import Code
 from asyncflow.diagnostics.examples import BASE, Example
 
 CODES = [

@@ -17,7 +17,7 @@ AF38x    scheduling keys: schedule, redundancy, on_update, consume, stream, refi
 """
 from pathlib import Path
 
-from asyncflow.diagnostics import Code, Example
+from asyncflow.diagnostics.code import Code, Example
 from asyncflow.diagnostics.examples import BASE, mutate
 
 _W = "warning"

@@ -1,6 +1,6 @@
 """AF6xx: user errors found when a plan runs (data that cannot be read, a bad resume directory,
 a user function that raises, an output that does not fit its role's type)."""
-from asyncflow.diagnostics import Code
+from asyncflow.diagnostics.code import Code
 
 CODES = [
     Code("AF601", "data-unreadable", "data source '{name}' ({source}) cannot be read: {reason}"),

@@ -1,5 +1,5 @@
 """AF2xx: keys and values of one section (unknown, missing, wrong type)."""
-from asyncflow.diagnostics import Code, Example
+from asyncflow.diagnostics.code import Code, Example
 from asyncflow.diagnostics.examples import BASE, mutate
 
 CODES = [

@@ -1,5 +1,5 @@
 """AF1xx: the source cannot be read or does not parse."""
-from asyncflow.diagnostics import Code, Example
+from asyncflow.diagnostics.code import Code, Example
 
 CODES = [
     Code("AF100", "unreadable-file", "cannot read '{path}': {reason}"),
@@ -13,7 +13,8 @@ CODES = [
          (Example("pipeline: a\n? [x, y]\n: 1\n", at="[x, y]"),)),
     Code("AF105", "merge-key", "YAML merge keys (<<) are not supported: write the keys out",
          (Example("pipeline: a\n<<: {b: 1}\n", at="<<"),)),
-    Code("AF106", "unknown-suffix", "unknown file type '{suffix}': use .yaml, .yml or .af"),
+    Code("AF106", "unknown-suffix", "unknown file type '{suffix}': use .yaml, .yml or .af",
+         (Example("pipeline: x\n", at="@1:1", suffix=".toml"),)),
     Code("AF107", "too-deep", "maps and lists nested more than {depth} deep",
          (Example("pipeline: a\nx: " + "[" * 65 + "]" * 65 + "\n", at="[]"),
           Example("pipeline: a\n" + "".join("  " * i + f"k{i}:\n" for i in range(70)) + "  " * 70

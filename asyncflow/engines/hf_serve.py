@@ -49,6 +49,7 @@ from typing import Any, Callable
 
 import torch
 
+from asyncflow import models
 from asyncflow.engines import torch_common as tc
 from asyncflow.tokens import Text
 
@@ -421,7 +422,7 @@ def serve(engine, pull: Callable[[int], Any], emit: Callable[[dict], Any],
                 groups = got.get("_group")
                 for i, p in enumerate(prompts):
                     row = int(rows[i])
-                    ids, text = engine._prompt(p)  # a chat through the chat template
+                    ids, text = models.model_prompt(engine, p)  # a chat: its template
                     meta[row] = (groups[i] if groups is not None else None, ids, text)
                     server.submit(row, ids)
         if not server.in_flight():

@@ -44,23 +44,22 @@ it runs. A batch without ``_row`` uses the rows' positions in the batch.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import heapq
 import json
 import os
-import random
 import threading
 import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from asyncflow.engines import sim_turns
 from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.sim_draws import DIGIT0, rng, row_latency, slot_schedule, uniforms
 from asyncflow.tokens import Text
 
 STATE_FILE = "sim_engine.json"
-DIGIT0 = 4  # CharTokenizer id of "0" (asyncflow.models): responses are digit strings
 
 
 def _distribution(spec: Any):
@@ -69,93 +68,6 @@ def _distribution(spec: Any):
     from asyncflow.costmodel import Distribution
 
     return Distribution.from_spec(spec)
-
-
-_M64 = (1 << 64) - 1
-
-
-class KeyRandom(random.Random):
-    """A ``random.Random`` whose stream depends only on a key: the key's 64-bit BLAKE2b hash
-    seeds a SplitMix64 sequence (stable across processes, platforms and Python versions).
-
-    Seeding costs about 0.5 µs where ``random.Random(str)`` costs 7 µs (SHA-512 plus the
-    Mersenne Twister's 2.5 KB state): the sim engine draws several generators per sample, and
-    at 16,384 samples a step that was the largest cost of a near-free engine
-    (benchmarks/runtime.py). Every distribution method of ``random.Random`` (``gauss``,
-    ``lognormvariate``, ``expovariate``, ``randrange``, ...) works on top of :meth:`random` and
-    :meth:`getrandbits`."""
-
-    def __init__(self, key: str):  # noqa: D107 -- no Mersenne Twister state is seeded
-        self._s = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-        self.gauss_next = None
-
-    def seed(self, *args, **kwargs) -> None:  # random.Random's API; keyed streams only
-        raise TypeError("KeyRandom is seeded by its key only")
-
-    def _next(self) -> int:
-        self._s = z = (self._s + _GOLDEN) & _M64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-        return z ^ (z >> 31)
-
-    def random(self) -> float:
-        return (self._next() >> 11) * (1.0 / 9007199254740992.0)
-
-    def getrandbits(self, k: int) -> int:
-        out, have = 0, 0
-        while have < k:
-            out |= self._next() << have
-            have += 64
-        return out & ((1 << k) - 1)
-
-
-def _rng(*key) -> random.Random:
-    """A generator that depends only on ``key`` (:class:`KeyRandom`)."""
-    return KeyRandom(":".join(str(k) for k in key))
-
-
-def _mix64(z):
-    """SplitMix64's finaliser on a numpy uint64 array (wrapping arithmetic)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def uniforms(key: tuple, rows, n: int):
-    """``u[i, j]`` in [0, 1): draw ``j`` of row ``rows[i]`` for ``key``, depending only on (key,
-    row, j) -- a whole batch's per-row draws in a few numpy operations (the sim engine's
-    outputs; per-row :class:`KeyRandom` generators cost microseconds a row)."""
-    base = int.from_bytes(hashlib.blake2b(":".join(map(str, key)).encode(),
-                                          digest_size=8).digest(), "little")
-    with np.errstate(over="ignore"):
-        r = np.asarray(rows, dtype=np.int64).astype(np.uint64)[:, None]
-        row_state = _mix64(np.uint64(base) ^ _mix64(r * np.uint64(_GOLDEN) + np.uint64(1)))
-        j = np.arange(1, n + 1, dtype=np.uint64)[None, :]
-        z = _mix64(row_state + j * np.uint64(_GOLDEN))
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
-
-
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
-def row_latency(dist, row: int) -> float:
-    """The draw of distribution ``dist`` for store row ``row``: depends only on (its ``seed``,
-    ``row``), so a row costs the same wherever it runs (and in ``asyncflow simulate``)."""
-    return max(0.0, dist.sample(_rng("latency", dist.seed, row)))
-
-
-def slot_schedule(latencies: list[float], slots: int) -> list[tuple[float, int]]:
-    """``(finish_time, i)`` of each row, in completion order, when rows are taken in order by
-    ``slots`` concurrent slots and a freed slot takes the next row at once. The last finish
-    time is the makespan."""
-    free = [0.0] * max(1, min(slots, len(latencies)))
-    done = []
-    for i, lat in enumerate(latencies):
-        start = heapq.heappop(free)
-        heapq.heappush(free, start + lat)
-        done.append((start + lat, i))
-    done.sort()
-    return done
 
 
 def _n_rows(batch: Columns) -> int:
@@ -196,7 +108,8 @@ class SimEngine:
         self.flight_at_update: list[int] = []  # samples in flight at each update_weights
 
     # -- time --------------------------------------------------------------------------------
-    def _sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of modelled time (times ``time_scale``)."""
         if seconds * self.time_scale > 0:
             time.sleep(seconds * self.time_scale)
 
@@ -206,7 +119,8 @@ class SimEngine:
             time.sleep(left)
 
     # -- per-row draws -----------------------------------------------------------------------
-    def _rows(self, batch: Columns) -> list[int]:
+    def rows_of(self, batch: Columns) -> list[int]:
+        """The store rows of ``batch`` (``_row``; without it, the positions in the batch)."""
         rows = batch.get("_row")
         return [int(r) for r in rows] if rows is not None else list(range(_n_rows(batch)))
 
@@ -214,17 +128,14 @@ class SimEngine:
         """Modelled device seconds of the sample in store row ``row`` (before ``time_scale``)."""
         return row_latency(self.latency, row)
 
-    def _length(self, row: int) -> int:
-        return self._lengths([row])[0]
-
     def _lengths(self, rows: list[int]) -> list[int]:
         d = self.response_tokens
         if d.dist == "constant":
             return [max(1, int(round(d.params["value"])))] * len(rows)
-        return [max(1, int(round(d.sample(_rng("len", self.seed, r))))) for r in rows]
+        return [max(1, int(round(d.sample(rng("len", self.seed, r))))) for r in rows]
 
     def _responses(self, rows: list[int], prompts) -> list[Text]:
-        """Each row's response: ``_length(row)`` random digits (draws keyed by the row)."""
+        """Each row's response: its ``response_tokens`` random digits (draws keyed by the row)."""
         lengths = self._lengths(rows)
         if not rows:
             return []
@@ -250,7 +161,7 @@ class SimEngine:
 
     def _outputs(self, batch: Columns, names) -> Columns:
         """Deterministic outputs ``names`` for every row of ``batch``."""
-        rows = self._rows(batch)
+        rows = self.rows_of(batch)
         prompts = batch.get("prompt", [None] * len(rows))
         responses = self._responses(rows, prompts)
         makes_text = any(n == "response" or n.endswith("response") for n in names)
@@ -269,16 +180,14 @@ class SimEngine:
     # -- Rollout -----------------------------------------------------------------------------
     def schedule(self, batch: Columns) -> list[tuple[float, int]]:
         """``(finish_seconds, i)`` per row in completion order (unscaled); last = makespan."""
-        return slot_schedule([self.latency_of(r) for r in self._rows(batch)], self.slots)
+        return slot_schedule([self.latency_of(r) for r in self.rows_of(batch)], self.slots)
 
     def generate(self, batch: Columns) -> Columns:
         """All rows through ``slots`` slots; sleeps the slot makespan once, returns the outputs."""
         if self.spec.extra.get("env"):  # multi-turn, lock-step (asyncflow/engines/sim_turns.py)
-            from asyncflow.engines import sim_turns
-
             return sim_turns.generate(self, batch)
         done = self.schedule(batch)
-        self._sleep(done[-1][0] if done else 0.0)
+        self.sleep(done[-1][0] if done else 0.0)
         return self._outputs(batch, self.spec.outputs or ("response", "logprobs"))
 
     def generate_iter(self, batch: Columns) -> Iterator[tuple[int, dict]]:
@@ -308,8 +217,6 @@ class SimEngine:
         or ``None`` when no more rows will come; ``emit(row)`` receives each finished sample as
         ``{"_row", "_group"?, "_version", output fields...}``. Returns the number served."""
         if self.spec.extra.get("env"):  # multi-turn, one state machine per episode (sim_turns)
-            from asyncflow.engines import sim_turns
-
             return sim_turns.serve(self, pull, emit)
         names = self.spec.outputs or ("response", "logprobs")
         flight: dict[int, tuple] = {}  # row -> (finish wall time, row dict, version at start)
@@ -337,7 +244,7 @@ class SimEngine:
                         if flight.pop(int(r), None) is not None:
                             self.cancelled += 1
                     if _n_rows({k: v for k, v in got.items() if k != "_cancel"}):
-                        now, rows = time.monotonic(), self._rows(got)
+                        now, rows = time.monotonic(), self.rows_of(got)
                         cols = self._outputs(got, names)
                         for i, r in enumerate(rows):
                             row = {"_row": r, "_version": self.version}
@@ -370,7 +277,7 @@ class SimEngine:
         """Adopt ``weights`` as policy ``version`` (sleeps ``sync_seconds``). Samples in flight
         in :meth:`serve`: ``on_update: abort`` restarts them with the new version (counted in
         ``aborted``); otherwise (``continue``) they keep their start version, the oldest."""
-        self._sleep(self.sync_seconds)
+        self.sleep(self.sync_seconds)
         with self._lock:
             self.weights, self.version = weights, int(version)
             self.adopted.append(int(version))
@@ -384,9 +291,9 @@ class SimEngine:
         """Per-token floats for ``outputs[0]`` (log-probs < 0, or values in [-1, 1]), one per
         token of the batch's response; sleeps ``seconds_per_sample * n``."""
         n = _n_rows(batch)
-        self._sleep(self.seconds_per_sample * n / self.devices)
+        self.sleep(self.seconds_per_sample * n / self.devices)
         name = (self.spec.outputs or ("logprobs",))[0]
-        rows = self._rows(batch)
+        rows = self.rows_of(batch)
         source = _token_source(batch, n)
         lengths = [len(t.ids) for t in source] if source else self._lengths(rows)
         return {name: self._per_tokens(rows, name, lengths)}
@@ -396,12 +303,12 @@ class SimEngine:
         """Sleeps ``seconds_per_sample * n``, bumps the version, returns ``{loss, samples, ...}``.
         The loss falls smoothly with the version, with a little deterministic noise."""
         n = _n_rows(batch)
-        self._sleep(self.seconds_per_sample * n / self.devices)
+        self.sleep(self.seconds_per_sample * n / self.devices)
         with self._lock:
             self.version += 1
             self.steps += 1
             v = self.version
-        noise = _rng("loss", self.seed, v).gauss(0.0, 0.02)
+        noise = rng("loss", self.seed, v).gauss(0.0, 0.02)
         return {"loss": round(1.0 / (1.0 + 0.05 * v) + noise, 6), "samples": n, "version": v}
 
     def train_stream(self, micro_batches) -> dict[str, float]:
@@ -411,13 +318,13 @@ class SimEngine:
         n = 0
         for batch in micro_batches:
             k = _n_rows(batch)
-            self._sleep(self.seconds_per_sample * k / self.devices)
+            self.sleep(self.seconds_per_sample * k / self.devices)
             n += k
         with self._lock:
             self.version += 1
             self.steps += 1
             v = self.version
-        noise = _rng("loss", self.seed, v).gauss(0.0, 0.02)
+        noise = rng("loss", self.seed, v).gauss(0.0, 0.02)
         return {"loss": round(1.0 / (1.0 + 0.05 * v) + noise, 6), "samples": n, "version": v}
 
     def export_weights(self) -> dict:
@@ -460,19 +367,7 @@ def _prompt_ids(prompt: Any) -> tuple:
         return prompt.ids
     if prompt is None:
         return ()
-    text = _prompt_text(prompt)
-    tok = _tokenizer()
-    return tuple(tok.encode(text)) if tok else tuple(ord(c) % 256 for c in text)
-
-
-@functools.lru_cache(maxsize=1)
-def _tokenizer():
-    try:
-        from asyncflow.models import CharTokenizer
-
-        return CharTokenizer()
-    except Exception:  # models.py is optional here: fall back to byte ids
-        return None
+    return tuple(sim_turns.tokenizer().encode(_prompt_text(prompt)))
 
 
 def _token_source(batch: Columns, n: int) -> list[Text] | None:

@@ -7,8 +7,9 @@ environment (``spec.extra["env"]``, ``spec.extra["env_args"]``):
 
 - ``generate(batch)`` -> :func:`generate`, lock-step (``schedule: batch``): per turn, every
   active episode's agent turn in one batch that sleeps the *slot makespan* of their latencies
-  (:func:`asyncflow.engines.sim.slot_schedule`, ``slots`` slots, in batch order), then all their
-  environment steps at once on a thread pool; the turn ends when the slowest step returns.
+  (:func:`asyncflow.engines.sim_draws.slot_schedule`, ``slots`` slots, in batch order), then
+  all their environment steps at once on a thread pool; the turn ends when the slowest step
+  returns.
 - ``serve(pull, emit)`` -> :func:`serve`, env-level asynchrony (``schedule: queue``):
   :func:`asyncflow.engines.multiturn.serve_episodes` over a :class:`SimTurnServer`, so each
   episode's next turn is queued the moment its observation arrives and a slow step holds up only
@@ -52,12 +53,13 @@ from typing import Any, Callable
 
 from asyncflow.engines import multiturn
 from asyncflow.engines.base import Columns
-from asyncflow.engines.sim import DIGIT0, _rng, slot_schedule
+from asyncflow.engines.sim_draws import DIGIT0, rng, slot_schedule
 
 
 @functools.lru_cache(maxsize=1)
 def tokenizer():
-    """The tokenizer sim episodes are written in (the character tokenizer of the tiny models)."""
+    """The tokenizer sim episodes and prompts are written in (the character tokenizer of the tiny
+    models)."""
     from asyncflow.models import CharTokenizer
 
     return CharTokenizer()
@@ -73,17 +75,17 @@ def _row_turn(key: Any) -> tuple[Any, int]:
 
 def turn_latency(engine, row: Any, turn: int) -> float:
     """Modelled device seconds of agent turn ``turn`` of row ``row`` (before ``time_scale``)."""
-    return max(0.0, engine.latency.sample(_rng("latency", engine.latency.seed, row, turn)))
+    return max(0.0, engine.latency.sample(rng("latency", engine.latency.seed, row, turn)))
 
 
 def turn_tokens(engine, row: Any, turn: int) -> tuple[list[int], list[float]]:
     """Ids and log-probs of agent turn ``turn`` of row ``row``: ``response_tokens`` digits, then
     ``eos`` (the turn ends there)."""
-    n = max(1, int(round(engine.response_tokens.sample(_rng("len", engine.seed, row, turn)))))
-    rng = _rng("tokens", engine.seed, row, turn)
-    ids = [DIGIT0 + rng.randrange(10) for _ in range(n)] + [tokenizer().eos_id]
-    rng = _rng("logprobs", engine.seed, row, turn)
-    return ids, [round(-rng.expovariate(2.0) - 1e-3, 6) for _ in ids]
+    n = max(1, int(round(engine.response_tokens.sample(rng("len", engine.seed, row, turn)))))
+    digits = rng("tokens", engine.seed, row, turn)
+    ids = [DIGIT0 + digits.randrange(10) for _ in range(n)] + [tokenizer().eos_id]
+    lps = rng("logprobs", engine.seed, row, turn)
+    return ids, [round(-lps.expovariate(2.0) - 1e-3, 6) for _ in ids]
 
 
 def _max_turns(engine) -> int:
@@ -110,12 +112,12 @@ def _outputs(engine) -> tuple[str, ...]:
 def generate(engine, batch: Columns) -> Columns:
     """All episodes of ``batch`` in lock-step (the module docstring); returns the columns of
     :func:`asyncflow.engines.multiturn.rollout_columns`."""
-    rows = engine._rows(batch)
+    rows = engine.rows_of(batch)
     factory, kwargs = _environment(engine)
 
     def sample(prefixes, keys):
         done = slot_schedule([turn_latency(engine, r, t) for r, t in keys], engine.slots)
-        engine._sleep(done[-1][0] if done else 0.0)
+        engine.sleep(done[-1][0] if done else 0.0)
         turns = [turn_tokens(engine, r, t) for r, t in keys]
         return [ids for ids, _ in turns], [lps for _, lps in turns]
 

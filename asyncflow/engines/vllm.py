@@ -58,20 +58,21 @@ How it maps onto vLLM 0.32:
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import numbers
 import os
 import shutil
-import tempfile
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.hf_serve import QueueServer
+from asyncflow.engines.vllm_setup import (adapter_config, bind_cpu_workers, check_head_size,
+                                          engine_dir, engine_kwargs, global_rng_kept, layer_groups,
+                                          packed_modules, quiet_expected_warnings, reload_begin,
+                                          reload_end, reload_load, scale_model_logits)
 from asyncflow.tokens import Text
 
 VALUE_HEAD = "value_head."
@@ -79,12 +80,6 @@ _SEED_MOD = 2**63 - 1
 _START_LOCK = threading.Lock()  # one vLLM start-up at a time per process
 _LIVE: set = set()  # the vLLM engines of this process not yet closed (ids)
 _PARKED: list = []  # the vLLM LLMs of closed engines, dropped when the last engine closes
-#: gpu_memory_utilization = the plan's share of the device times this (vLLM's own default takes
-#: 0.9 of a whole device: the rest is for the CUDA context, NCCL and allocator slack)
-MEMORY_MARGIN = 0.9
-#: without a plan share (an engine built outside a run) vLLM takes this much of the device
-MEMORY_DEFAULT = 0.5
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's max_lora_rank values
 
 
 class VLLMEngine:
@@ -118,7 +113,7 @@ class VLLMEngine:
         self._adapter: dict = {}  # its tensors (host), what a partial update completes
         self._adapter_dirs: list[str] = []
         self.closed = False
-        self.dir, self._tmp = _engine_dir(spec)
+        self.dir, self._tmp = engine_dir(spec)
         try:
             with _START_LOCK:
                 self.llm, self.tokenizer = self._start()
@@ -139,10 +134,10 @@ class VLLMEngine:
         import vllm
         from vllm.platforms import current_platform
 
-        _quiet_expected_warnings()
+        quiet_expected_warnings()
 
         loaded = models.engine_load(self.spec)  # from where the plan says, in its dtype
-        _check_head_size(loaded.model.config, current_platform)
+        check_head_size(loaded.model.config, current_platform)
         model_dir = os.path.join(self.dir, "model")
         models.save(loaded, model_dir)
         tokenizer = loaded.tokenizer
@@ -152,10 +147,10 @@ class VLLMEngine:
         kw = engine_kwargs(self.spec, model_dir, cpu=current_platform.is_cpu(),
                            prefix_caching=self.prefix_caching)
         if kw.get("tensor_parallel_size", 1) > 1 and current_platform.is_cpu():
-            _bind_cpu_workers(self.spec, kw["tensor_parallel_size"])
+            bind_cpu_workers(self.spec, kw["tensor_parallel_size"])
         set_threads = torch.set_num_threads
         try:
-            with _global_rng_kept():
+            with global_rng_kept():
                 llm = vllm.LLM(**kw)
         finally:
             torch.set_num_threads = set_threads
@@ -164,11 +159,11 @@ class VLLMEngine:
         shutil.rmtree(model_dir, ignore_errors=True)
         if self.temperature > 0:
             scale = 1.0 / self.temperature
-            llm.collective_rpc(_scale_model_logits, args=(scale,))
+            llm.collective_rpc(scale_model_logits, args=(scale,))
         # vLLM layers that take several checkpoint tensors (q, k, v -> qkv_proj; a weight and its
         # bias): a partial update completes them from host copies (update_weights_stream)
-        packed = llm.collective_rpc(_packed_modules)
-        self._groups = _layer_groups(self.weight_names - self.tied, packed[0] if packed else {})
+        packed = llm.collective_rpc(packed_modules)
+        self._groups = layer_groups(self.weight_names - self.tied, packed[0] if packed else {})
         self._group_of = {n: g for g, names in self._groups.items() for n in names}
         self._shadow = {} if self.lora else {  # a LoRA engine's base weights never change
             n: state[n].detach().clone() for g in self._groups.values() if len(g) > 1 for n in g}
@@ -181,12 +176,10 @@ class VLLMEngine:
         return self._prompt(prompt)[0]
 
     def _prompt(self, prompt) -> tuple[list[int], str]:
-        """(ids, text the model sees): :func:`asyncflow.models.encode_prompt`."""
+        """(ids, text the model sees): :func:`asyncflow.models.model_prompt`."""
         from asyncflow import models
 
-        if isinstance(prompt, Text) and prompt.ids:
-            return list(prompt.ids), str(prompt)
-        return models.engine_prompt(self.spec, self.tokenizer, prompt)
+        return models.model_prompt(self, prompt)
 
     def _params(self, row, max_tokens: int | None = None):
         """Sampling parameters of the request for ``row`` (a store row, or any key: an agent
@@ -272,7 +265,7 @@ class VLLMEngine:
         touched: set = set()  # the multi-tensor layers some name of which arrived
         unexpected: list = []
         with self._lock:
-            self._rpc(_reload_begin)
+            self._rpc(reload_begin)
             try:
                 for chunk in chunks:
                     items = []
@@ -290,13 +283,13 @@ class VLLMEngine:
                     if unexpected:  # nothing more is loaded
                         break
                     if items:
-                        self._rpc(_reload_load, items)
+                        self._rpc(reload_load, items)
             finally:  # complete the layers that got part of their tensors, then finish
                 fill = [(n, self._shadow[n]) for g in sorted(touched) for n in self._groups[g]
                         if n not in seen]
                 if fill:
-                    self._rpc(_reload_load, fill)
-                self._rpc(_reload_end)
+                    self._rpc(reload_load, fill)
+                self._rpc(reload_end)
             missing = set() if partial else self.weight_names - seen - self.tied
             if missing or unexpected:  # vLLM would keep the old tensors of a missing name
                 raise KeyError(f"weights do not fit the model: missing {sorted(missing)}, "
@@ -394,9 +387,6 @@ class _Request:
     prefix: list[int]
     cap: int
     version: int = 0  # the policy version it was (last) admitted under
-
-
-from asyncflow.engines.hf_serve import QueueServer  # noqa: E402  (the shared queue protocol)
 
 
 class VLLMTurnServer(QueueServer):
@@ -502,236 +492,3 @@ class VLLMTurnServer(QueueServer):
             ids = [int(t) for t in sample.token_ids]
             lps = [float(step[t].logprob) for t, step in zip(ids, sample.logprobs)]
             self.finished.append((r.key, ids, lps, r.version))
-
-
-# ---------------------------------------------------------------------- start-up (pure parts)
-def engine_kwargs(spec: EngineSpec, model_dir: str, cpu: bool, prefix_caching: bool = True) -> dict:
-    """The keyword arguments of ``vllm.LLM`` for ``spec`` (no vLLM import):
-
-    - ``tensor_parallel_size``: the task's ``devices_per_replica`` on a GPU plan
-      (``spec.extra["devices"]``; on a CPU plan a device is a CPU slot, i.e. a thread, and the
-      engine runs one rank); above 1 with vLLM's multiprocess executor (one process per rank).
-    - memory: on a CPU vLLM's KV cache is ``kv_cache_gib``; on a GPU ``gpu_memory_utilization``
-      (:func:`memory_utilization`).
-    - LoRA (``models.<m>.lora``): ``enable_lora`` with one adapter at a time in the batch
-      (``max_loras`` 1, two kept loaded: the newest and the one before) and ``max_lora_rank``
-      the smallest vLLM rank >= the adapter's ``r``."""
-    a = spec.args
-    kw = dict(model=model_dir, skip_tokenizer_init=True,
-              dtype=a.get("dtype", spec.model.get("dtype") or "float32"), seed=spec.seed,
-              enforce_eager=bool(a.get("enforce_eager", True)),
-              max_num_seqs=int(a.get("max_num_seqs", 256)),
-              enable_prefix_caching=prefix_caching)
-    tp = int(spec.extra.get("devices") or 1) if spec.extra.get("device_kind") == "GPU" else 1
-    kw["tensor_parallel_size"] = tp
-    if tp > 1:
-        kw["distributed_executor_backend"] = "mp"
-    if cpu:
-        kw["kv_cache_memory_bytes"] = int(float(a.get("kv_cache_gib", 0.25)) * 2**30)
-    else:
-        kw["gpu_memory_utilization"] = memory_utilization(spec)
-    lora = spec.model.get("lora") or {}
-    if lora:
-        r = int(lora.get("r", 8))
-        rank = next((x for x in LORA_RANKS if x >= r), None)
-        if rank is None:
-            raise ValueError(f"task {spec.task!r}: vLLM takes LoRA ranks up to {LORA_RANKS[-1]}, "
-                             f"the adapter's r is {r}")
-        kw.update(enable_lora=True, max_loras=1, max_cpu_loras=2, max_lora_rank=rank)
-    return kw
-
-
-def memory_utilization(spec: EngineSpec) -> float:
-    """``gpu_memory_utilization``: the task arg where given; else the plan's share of each of
-    the worker's devices (``spec.extra["device_share"]``: 0.5 where two workers time-share a
-    GPU) times :data:`MEMORY_MARGIN`, rounded down to 0.01; :data:`MEMORY_DEFAULT` without a
-    plan share."""
-    given = spec.args.get("gpu_memory_utilization")
-    if given is not None:
-        return float(given)
-    share = spec.extra.get("device_share")
-    if not share:
-        return MEMORY_DEFAULT
-    return max(0.01, int(min(1.0, float(share)) * MEMORY_MARGIN * 100) / 100)
-
-
-def _engine_dir(spec: EngineSpec):
-    """``(path, TemporaryDirectory | None)``: where the engine writes its files (the model copy
-    vLLM starts from, removed once it started; LoRA adapters): ``<run dir>/engines/<task>.<r>``
-    in a run, a temporary directory (``asyncflow-vllm-*``) outside one; :meth:`close`
-    removes it."""
-    run_dir = spec.extra.get("run_dir")
-    if run_dir:
-        path = os.path.join(run_dir, "engines", f"{spec.task}.{spec.replica}")
-        shutil.rmtree(path, ignore_errors=True)  # a restarted worker's leftovers
-        os.makedirs(path)
-        return path, None
-    tmp = tempfile.TemporaryDirectory(prefix="asyncflow-vllm-")
-    return tmp.name, tmp
-
-
-def _bind_cpu_workers(spec: EngineSpec, tp: int) -> None:
-    """vLLM on CPU binds each rank's OpenMP threads to cores and, left to itself, wants a NUMA
-    node per rank: split this process's cores among the ranks (``VLLM_CPU_OMP_THREADS_BIND``,
-    unless set to other than ``auto``), or say why tensor parallelism cannot run here
-    (AF654)."""
-    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
-        return
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cores) < tp:
-        from types import SimpleNamespace
-
-        from asyncflow.errors import TaskError
-
-        raise TaskError("AF654", SimpleNamespace(name=spec.task, loc=spec.extra.get("task_loc", "")),
-                        tp=tp, why=f"vLLM on a CPU runs each rank on cores of its own and this "
-                        f"process has {len(cores) or 'an unknown number of'} core(s)")
-    per = len(cores) // tp
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
-        ",".join(map(str, cores[i * per:(i + 1) * per])) for i in range(tp))
-    try:  # vLLM caches its environment once an engine started in this process
-        from vllm import envs
-
-        if getattr(envs, "_is_envs_cache_enabled", lambda: False)():
-            envs.disable_envs_cache()
-            envs.enable_envs_cache()
-    except ImportError:
-        pass
-
-
-def _layer_groups(names, packed: dict) -> dict[str, list[str]]:
-    """Checkpoint names by the vLLM layer they load into: ``...q_proj.weight`` into
-    ``...qkv_proj`` where the model packs ``q_proj`` there (its ``packed_modules_mapping``), a
-    weight and its bias into their module."""
-    into = {part: whole for whole, parts in packed.items() for part in parts}
-    groups: dict[str, list[str]] = {}
-    for n in sorted(names):
-        module, _, _ = n.rpartition(".")
-        parent, _, leaf = module.rpartition(".")
-        key = f"{parent}.{into[leaf]}" if leaf in into else module
-        groups.setdefault(key, []).append(n)
-    return groups
-
-
-def adapter_config(lora: dict, state: dict) -> dict:
-    """peft's ``adapter_config.json`` for an adapter whose tensors are ``state`` (its target
-    modules named as they appear there: vLLM wants names, not ``all-linear``)."""
-    targets = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in state})
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(lora["r"]),
-            "lora_alpha": float(lora["alpha"]), "lora_dropout": float(lora.get("dropout", 0.0)),
-            "target_modules": targets, "bias": "none", "fan_in_fan_out": False,
-            "use_rslora": False, "modules_to_save": None, "base_model_name_or_path": None}
-
-
-# ---------------------------------------------------------------------- on every vLLM worker
-# (collective_rpc: in this process, or pickled by reference to the ranks of a tensor-parallel
-# engine, so module-level functions, never lambdas); the weights: vLLM's ``reload_weights``
-# (model_executor/model_loader/reload) split into its three phases, so that they can arrive in
-# chunks over several calls
-def _scale_model_logits(worker, scale: float) -> None:
-    _scale_logits(worker.model_runner.get_model(), scale)
-
-
-def _packed_modules(worker) -> dict:
-    return dict(getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}) or {})
-
-
-def _reload_begin(worker) -> None:
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
-
-    with set_current_vllm_config(worker.vllm_config):
-        initialize_layerwise_reload(worker.model_runner.get_model())
-
-
-def _reload_load(worker, items) -> None:
-    from vllm.config import set_current_vllm_config
-
-    with set_current_vllm_config(worker.vllm_config):
-        worker.model_runner.get_model().load_weights(iter(items))
-
-
-def _reload_end(worker) -> None:
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
-
-    runner = worker.model_runner
-    with set_current_vllm_config(worker.vllm_config):
-        finalize_layerwise_reload(runner.get_model(), runner.model_config)
-        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
-            if hasattr(runner, reset):
-                getattr(runner, reset)()
-
-
-# vLLM warnings that this engine's set-up makes expected (it skips vLLM's tokenizer on purpose;
-# a rotary embedding has no weights to reload; the global RNG states are put back), by the vLLM
-# module that logs them: dropped, so that the other warnings stand out
-_EXPECTED = {
-    "vllm.engine.arg_utils": ("The global random seed is set to",),
-    "vllm.renderers.base": ("Chat template warmup failed",
-                            "Using None for EOS token id because tokenizer"),
-    # a layer none of whose tensors a partial update (or a tied lm_head) sends keeps its own
-    "vllm.model_executor.model_loader.reload.layerwise": (": Failed to load weights",),
-    # serve hands vLLM's LLMEngine.add_request token ids, which vLLM 0.32 renders itself
-    "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
-}
-
-
-class _DropExpected(logging.Filter):
-    def __init__(self, prefixes: tuple[str, ...]):
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not any(p in msg for p in self.prefixes)
-
-
-def _quiet_expected_warnings() -> None:
-    for name, prefixes in _EXPECTED.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropExpected) for f in logger.filters):
-            logger.addFilter(_DropExpected(prefixes))
-
-
-@contextlib.contextmanager
-def _global_rng_kept():
-    """vLLM seeds ``random``, numpy and torch process-wide while it starts (in-process): put
-    their states back, other engines of the process may draw from them."""
-    import random
-
-    import numpy as np
-    import torch
-
-    py, npy, pt = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.random.set_rng_state(pt)
-
-
-def _scale_logits(model, scale: float) -> None:
-    """Multiply the model's logits by ``scale`` (vLLM applies ``logits_processor.scale``)."""
-    proc = getattr(model, "logits_processor", None)
-    if proc is None or not hasattr(proc, "scale"):
-        raise TypeError(f"{type(model).__name__} has no logits_processor.scale: the vllm engine "
-                        "cannot apply the temperature to its log-probs")
-    proc.scale = float(proc.scale) * scale
-
-
-def _check_head_size(config, platform) -> None:
-    """vLLM's CPU attention kernels exist for a few head sizes only: say so before it fails."""
-    if not platform.is_cpu():
-        return
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-        supported = CPUAttentionBackend.get_supported_head_sizes()
-    except (ImportError, AttributeError):
-        return
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head not in supported:
-        raise ValueError(f"vLLM on CPU supports attention head sizes {supported}, this model has "
-                         f"{head} (hidden_size {config.hidden_size} / num_attention_heads "
-                         f"{config.num_attention_heads}); e.g. tiny_decoder(hidden=64, heads=2)")

@@ -43,8 +43,8 @@ import shutil
 
 FINAL = "final"
 EXPORTS = "export"
-from asyncflow.hfdir import (INFO, VALUE_HEAD_FILE, _cast, _set_config_dtype, _torch_dtype,
-                             _write_info)
+from asyncflow.hfdir import INFO, VALUE_HEAD_FILE, cast_tensor, set_config_dtype, write_info
+from asyncflow.models import torch_dtype as to_torch_dtype
 #: what a checkpoint's engine directory holds that an export leaves out (optimizer, RNG,
 #: DeepSpeed's shards and helper script)
 NOT_EXPORTED = ("engine_state.pt", "latest", "zero_to_fp32.py")
@@ -133,7 +133,7 @@ def write_final(engine, run_dir: str, plan, task: str, version: int) -> dict:
     tmp = _fresh_tmp(os.path.dirname(final), model)
     try:
         engine.export(tmp, dtype)
-        _write_info(tmp, {**_read_info(tmp), "source": "run", "run_dir": os.path.abspath(run_dir),
+        write_info(tmp, {**_read_info(tmp), "source": "run", "run_dir": os.path.abspath(run_dir),
                           "task": task, "model": model, "version": int(version)})
         place(tmp, final)
     finally:
@@ -180,8 +180,8 @@ def from_checkpoint(engine_dir: str, out: str, dtype: str, info: dict) -> str:
                 _recast(src, os.path.join(tmp, name), dtype)
             else:
                 shutil.copyfile(src, os.path.join(tmp, name))
-        _set_config_dtype(tmp, dtype)
-        _write_info(tmp, {**info, "dtype": dtype,
+        set_config_dtype(tmp, dtype)
+        write_info(tmp, {**info, "dtype": dtype,
                           "critic": os.path.exists(os.path.join(tmp, VALUE_HEAD_FILE))})
         return place(tmp, out)
     finally:
@@ -193,12 +193,12 @@ def _recast(src: str, dst: str, dtype: str) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
-    torch_dtype = _torch_dtype(dtype)
+    torch_dtype = to_torch_dtype(dtype)
     try:
         weights = load_file(src)
     except (SafetensorError, OSError, ValueError) as e:
         raise Unreadable(f"{src}: {e}") from None
-    save_file({k: _cast(v, torch_dtype) for k, v in weights.items()}, dst,
+    save_file({k: cast_tensor(v, torch_dtype) for k, v in weights.items()}, dst,
               metadata={"format": "pt"})
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import os
 
+from asyncflow.runtime.trace import json_safe
+
 #: rows logged per logged step
 ROWS = 4
 #: ``--log-samples`` default: every this many train steps (and the first and the last)
@@ -159,9 +161,7 @@ class SamplesLog:
 
     def append(self, step: int, samples) -> list[dict]:
         """Write ``samples`` (a step report's) as step ``step``'s rows; returns them, JSON-safe."""
-        from asyncflow.runtime.trace import _clean
-
-        rows = [_clean(dict(s, step=step)) for s in samples or ()]
+        rows = [json_safe(dict(s, step=step)) for s in samples or ()]
         if not rows or not self.path:
             return rows
         if self._f is None:

@@ -142,12 +142,12 @@ def write_trace(path: str, spans: list[Span], t0: float, workers: dict[str, str]
     os.replace(tmp, path)
 
 
-def _clean(x):
+def json_safe(x):
     """JSON-safe: NaN/inf become null, numpy scalars become Python numbers."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [json_safe(v) for v in x]
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):
         try:
             x = x.item()
@@ -184,7 +184,7 @@ class MetricsLog:
 
     def append(self, row: dict) -> None:
         """A train step's row: kept in :attr:`rows` (one per step) and written."""
-        row = _clean(row)
+        row = json_safe(row)
         self.rows.append(row)
         self._write(row)
 
@@ -192,7 +192,7 @@ class MetricsLog:
         """An evaluation's row (``eval/...`` keys; ``step``: the version it ran on,
         runtime/evaluate.py): a line of its own in metrics.jsonl and in every logger, not one
         of :attr:`rows`."""
-        self._write(_clean(row))
+        self._write(json_safe(row))
 
     def _write(self, row: dict) -> None:
         if self._f:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan
 
 SPLIT = "split"
 
 
 @dataclass
-class SweepError(Exception):
+class SweepError(AsyncflowError):
     """A bad ``--sweep`` (AF642)."""
 
     spec: str
