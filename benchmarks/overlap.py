@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args(argv)
     if a.backend == "ray":
-        from asyncflow.runtime.backends import ensure_ray
+        from asyncflow.runtime.ray_connect import ensure_ray
 
         ensure_ray()
     rows = []

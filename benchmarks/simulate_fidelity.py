@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     if not configs:
         ap.error(f"no configuration named {a.only!r} (known: {', '.join(c[0] for c in CONFIGS)})")
     if a.backend == "ray":
-        from asyncflow.runtime.backends import ensure_ray
+        from asyncflow.runtime.ray_connect import ensure_ray
 
         ensure_ray()
     if not a.cold:

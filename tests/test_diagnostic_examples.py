@@ -123,28 +123,28 @@ def a_split_the_directory_lacks(tmp_path, monkeypatch):
     load_prompts(plan, warn=lambda msg: None)
 
 
-# -- the cluster (asyncflow.runtime.backends) --------------------------------------------------
+# -- the cluster (asyncflow.runtime.placement, asyncflow.runtime.ray_connect) --------------------
 def _gpu_plan():
     return compile_file(str(PIPELINES / "grpo_digits.yaml"), device_kind="gpu")
 
 
 @example("AF604")
 def a_pool_no_node_can_host(tmp_path, monkeypatch):
-    from asyncflow.runtime.backends import check_feasible
+    from asyncflow.runtime.placement import check_feasible
 
     check_feasible(_gpu_plan(), [{"CPU": 8.0}])  # a cluster of one node without GPUs
 
 
 @example("AF609")
 def pools_larger_than_the_cluster(tmp_path, monkeypatch):
-    from asyncflow.runtime.backends import check_feasible
+    from asyncflow.runtime.placement import check_feasible
 
     check_feasible(_gpu_plan(), [{"CPU": 8.0, "GPU": 1.0}])  # two pools of one GPU each
 
 
 @example("AF608")
 def an_address_where_nothing_listens(tmp_path, monkeypatch):
-    from asyncflow.runtime.backends import probe_address
+    from asyncflow.runtime.ray_connect import probe_address
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -214,6 +214,15 @@ def out_into_a_run(tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / rundir.RUN_FILES[0]).write_text("{}")
     rundir.claim(str(tmp_path / "run"), _sim_plan(), resume=False, force=False)
+
+
+@example("AF624")
+def force_over_files_no_run_wrote(tmp_path, monkeypatch):
+    from asyncflow.runtime import rundir
+
+    (tmp_path / "run").mkdir()  # a user's own metrics.jsonl, and no manifest listing it
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}")
+    rundir.claim(str(tmp_path / "run"), _sim_plan(), resume=False, force=True)
 
 
 @example("AF623")
@@ -289,7 +298,7 @@ def a_refilling_filter_that_drops_everything(tmp_path, monkeypatch):
 @example("AF636")
 def a_replica_0_that_never_comes(tmp_path, monkeypatch):
     from asyncflow.runtime import devices
-    from asyncflow.runtime.backends import Control
+    from asyncflow.runtime.control import Control
 
     devices.rendezvous(Control(), "update", 1, 0, use_ray=False, timeout=0.3)
 

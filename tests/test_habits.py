@@ -74,13 +74,6 @@ BROAD = {"Exception", "BaseException"}
 ALLOWED = {
     # helper "kinds" (asyncflow/engines/base.py): a broken plug-in distribution's entry points
     ("asyncflow/engines/base.py", "engine_names"): 1,
-    # helper "rooms" (the runtime rooms)
-    ("asyncflow/runtime/backends.py", "RayBackend.restart"): 1,
-    ("asyncflow/runtime/backends.py", "RayBackend.shutdown"): 5,
-    ("asyncflow/runtime/collective.py", "Sender.close"): 1,
-    ("asyncflow/runtime/driver.py", "Driver._run_once"): 3,
-    ("asyncflow/runtime/driver.py", "Driver._write_workers"): 1,
-    ("asyncflow/runtime/ray_store.py", "RayStore.shutdown"): 1,
     # the worker's helper (asyncflow/runtime/worker.py)
     ("asyncflow/runtime/worker.py", "Worker._run"): 3,
     ("asyncflow/runtime/worker.py", "Worker._heartbeat"): 1,
