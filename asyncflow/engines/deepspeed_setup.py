@@ -106,10 +106,9 @@ def release_distributed() -> None:
         return
     try:
         from deepspeed.comm import comm as ds_comm  # the module: its cdb is set at init
-
-        if ds_comm.cdb is not None:
-            ds_comm.destroy_process_group()
-            return
-    except ImportError:
-        pass
+    except ImportError:  # no deepspeed: torch's group is the only one there is
+        ds_comm = None
+    if ds_comm is not None and ds_comm.cdb is not None:
+        ds_comm.destroy_process_group()
+        return
     dist.destroy_process_group()
