@@ -29,7 +29,8 @@ ENGINES = ROOT / "asyncflow" / "engines"
 MODULE_ENGINE = {"hf.py": "hf", "hf_serve.py": "hf", "torch_common.py": "hf", "multiturn.py": "hf",
                  "batching.py": None, "base.py": None, "__init__.py": None, "vllm.py": "vllm",
                  "deepspeed.py": "deepspeed", "sim.py": "sim", "sim_turns.py": "sim",
-                 "sim_draws.py": "sim", "vllm_setup.py": "vllm"}
+                 "sim_draws.py": "sim", "vllm_setup.py": "vllm", "hf_train.py": "hf",
+                 "hf_state.py": "hf", "deepspeed_setup.py": "deepspeed"}
 GRPO = (PIPELINES / "grpo_digits.yaml").read_text()
 
 
@@ -68,13 +69,18 @@ def test_every_arg_an_engine_reads_is_declared(module):
     names = {a.name for a in ENGINE_ARGS[engine]} | {a.name for a in GENERIC_ARGS}
     missing = sorted(read - names - (loss_fields if engine in ("hf", "deepspeed") else set()))
     assert not missing, f"{module} reads args the table does not declare for {engine}: {missing}"
-    if module in ("hf.py", "vllm.py", "sim.py", "deepspeed.py"):
+    if module in ("hf.py", "hf_train.py", "vllm.py", "sim.py", "deepspeed.py",
+                  "deepspeed_setup.py"):
         assert read, f"the scan found no args in {module}: has the way engines read them changed?"
 
 
 def test_the_scan_sees_the_known_reads():
-    assert {"lr", "betas", "adam_eps", "max_grad_norm", "micro_batch"} <= keys_read(ENGINES / "hf.py")
-    assert {"zero_stage", "ds_config", "master_port"} <= keys_read(ENGINES / "deepspeed.py")
+    assert {"micro_batch", "max_new_tokens", "slots"} <= keys_read(ENGINES / "hf.py")
+    assert {"lr", "betas", "adam_eps", "max_grad_norm", "fp32_master"} <= keys_read(
+        ENGINES / "hf_train.py")
+    assert {"zero_stage", "ds_config"} <= keys_read(ENGINES / "deepspeed.py")
+    assert {"master_port", "master_addr", "dist_timeout"} <= keys_read(
+        ENGINES / "deepspeed_setup.py")
     assert {"env_threads", "max_turns"} <= keys_read(ENGINES / "sim_turns.py")
 
 

@@ -29,7 +29,8 @@ arg                default         meaning
 
 **Data parallelism.** Replica ``spec.replica`` of ``spec.replicas`` is rank ``replica`` of a
 ``replicas``-rank process group (the engine sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT`` so no launcher is needed). Every replica calls ``train_step``
+``MASTER_ADDR``, ``MASTER_PORT`` so no launcher is needed: :mod:`.deepspeed_setup`, which also
+builds the DeepSpeed config). Every replica calls ``train_step``
 once per step with its own rows: its share of the step, which the plan gives it (lower rule 8),
 perhaps none. The replicas first agree on the step's number of
 micro-batches; each micro-batch loss is multiplied by the world size (DeepSpeed averages
@@ -88,23 +89,26 @@ JIT-builds DeepSpeed's shared-memory comm op (about a minute on 2 cores, then ca
 from __future__ import annotations
 
 import contextlib
-import copy
-import datetime
 import functools
 import json
 import os
-import socket
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 
+from asyncflow import models
 from asyncflow.engines import torch_common as tc
 from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.deepspeed_setup import (DEFAULT_PORT, ds_config, init_distributed,
+                                               release_distributed)
 from asyncflow.engines.hf import VALUE_HEAD, HFEngine
 from asyncflow.hfdir import VALUE_HEAD_FILE
 
+__all__ = ["DeepSpeedEngine", "CKPT_TAG", "DEFAULT_PORT", "release_distributed"]
+
 CKPT_TAG = "deepspeed"
-DEFAULT_PORT = 29500
 
 
 class _Net(torch.nn.Module):
@@ -137,7 +141,7 @@ class DeepSpeedEngine(HFEngine):
     # ------------------------------------------------------------------ setup
 
     def _build_trainer(self) -> None:
-        import deepspeed
+        import deepspeed  # optional: only a deepspeed trainer needs it
 
         super()._build_trainer()  # loss settings, dropout off, AdamW over the parameters
         a = self.args
@@ -145,22 +149,9 @@ class DeepSpeedEngine(HFEngine):
         if stage not in (1, 2, 3):
             raise ValueError(f"task {self.spec.task!r}: zero_stage must be 1, 2 or 3, not {stage}")
         self.stage = stage
-        self.world, self.rank = _init_distributed(self.spec, a)
-        config = {
-            "train_micro_batch_size_per_gpu": max(self.micro_batch, 1),
-            "gradient_accumulation_steps": 1,  # the boundary is set by hand (module docstring)
-            "gradient_clipping": float(self.max_grad_norm) if self.max_grad_norm else 0.0,
-            "zero_optimization": {"stage": stage, "overlap_comm": False},
-            "zero_allow_untested_optimizer": True,
-            "steps_per_print": 2**31 - 1,
-            "wall_clock_breakdown": False,
-        }
-        dtype = next(self.model.parameters()).dtype
-        if dtype == torch.bfloat16:  # bf16 weights and compute, fp32 master weights in ZeRO
-            config["bf16"] = {"enabled": True}
-        elif dtype == torch.float16:
-            config["fp16"] = {"enabled": True}
-        _merge(config, a.get("ds_config") or {})
+        self.world, self.rank = init_distributed(self.spec, a)
+        config = ds_config(stage, self.micro_batch, self.max_grad_norm,
+                           next(self.model.parameters()).dtype, a.get("ds_config") or {})
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
             model=_Net(self), optimizer=self.optimizer, config=config,
             dist_init_required=False)
@@ -252,8 +243,6 @@ class DeepSpeedEngine(HFEngine):
     def _max_over_replicas(self, value: int) -> int:
         if self.world == 1:
             return value
-        import torch.distributed as dist
-
         out: list = [None] * self.world
         dist.all_gather_object(out, int(value))
         return max(out)
@@ -261,8 +250,6 @@ class DeepSpeedEngine(HFEngine):
     def _merge_over_replicas(self, step: tc.StepSums) -> tc.StepSums:
         if self.world == 1:
             return step
-        import torch.distributed as dist
-
         out: list = [None] * self.world
         dist.all_gather_object(out, step)
         return tc.StepSums.merged(out)
@@ -286,7 +273,7 @@ class DeepSpeedEngine(HFEngine):
         and a gather needs every rank. ZeRO 1/2 leave every rank the full weights: nothing."""
         if self.ds is None or self.stage != 3:
             return
-        import deepspeed
+        import deepspeed  # optional: only a deepspeed trainer needs it
 
         params = list(self.ds.module.parameters())
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
@@ -333,10 +320,6 @@ class DeepSpeedEngine(HFEngine):
         groups, version) in ``deepspeed/rank_R.json``: no pickles (module docstring)."""
         if self.ds is None:
             return super().save(directory)
-        from safetensors.torch import save_file
-
-        from asyncflow import models
-
         os.makedirs(os.path.join(directory, CKPT_TAG), exist_ok=True)
         if self.rank == 0:
             with self._host_weights():
@@ -360,8 +343,6 @@ class DeepSpeedEngine(HFEngine):
     def load(self, directory: str) -> None:
         if self.ds is None:
             return super().load(directory)
-        from safetensors.torch import load_file
-
         base = os.path.join(directory, CKPT_TAG, f"rank_{self.rank}")
         if not os.path.exists(base + ".json"):
             raise FileNotFoundError(f"no DeepSpeed checkpoint of rank {self.rank} in {directory}")
@@ -392,8 +373,6 @@ class DeepSpeedEngine(HFEngine):
         """ZeRO 1/2: rank 0 reads the checkpoint's model (its HF directory's safetensors) into
         the module and broadcasts every parameter to the other ranks."""
         if self.rank == 0:
-            from safetensors.torch import load_file
-
             state = {}
             for name in sorted(os.listdir(directory)):
                 if name.endswith(".safetensors") and name.startswith("model"):
@@ -404,70 +383,9 @@ class DeepSpeedEngine(HFEngine):
             with torch.no_grad():
                 self._load_state(state)
         if self.world > 1:
-            import torch.distributed as dist
-
             with torch.no_grad():
                 for p in self._params():
                     dist.broadcast(p.data, src=0)
-
-
-# ---------------------------------------------------------------------- process group
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _init_distributed(spec: EngineSpec, args: dict) -> tuple[int, int]:
-    """Join (or, for one replica, create) the data-parallel process group; (world, rank)."""
-    import deepspeed
-    import torch.distributed as dist
-
-    world, rank = int(spec.replicas), int(spec.replica)
-    if dist.is_initialized():
-        if dist.get_world_size() != world or dist.get_rank() != rank:
-            raise RuntimeError(
-                f"task {spec.task!r}: this process is already rank {dist.get_rank()} of "
-                f"{dist.get_world_size()}, not replica {rank} of {world}")
-        return world, rank
-    port = args.get("master_port") or spec.extra.get("master_port")
-    if port is None:
-        port = _free_port() if world == 1 else int(os.environ.get("MASTER_PORT", DEFAULT_PORT))
-    addr = (args.get("master_addr") or spec.extra.get("master_addr")
-            or os.environ.get("MASTER_ADDR", "127.0.0.1"))
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(spec.extra.get("local_rank", rank)),
-                      WORLD_SIZE=str(world), MASTER_ADDR=str(addr), MASTER_PORT=str(port))
-    backend = args.get("dist_backend")
-    if backend is None:
-        from deepspeed.accelerator import get_accelerator
-
-        backend = get_accelerator().communication_backend_name()
-    deepspeed.init_distributed(
-        dist_backend=backend, auto_mpi_discovery=False, verbose=False,
-        timeout=datetime.timedelta(seconds=float(args.get("dist_timeout", 600))),
-        rank=rank, world_size=world)
-    return world, rank
-
-
-def release_distributed() -> None:
-    """Tear down this process's process group and DeepSpeed's references to it (its cached
-    world, data-parallel and expert groups): ``torch.distributed.destroy_process_group`` alone
-    leaves DeepSpeed holding the dead group, and the next engine of the process fails with
-    "Group ... is not registered"."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return
-    try:
-        from deepspeed.comm import comm as ds_comm  # the module: its cdb is set at init
-
-        if ds_comm.cdb is not None:
-            ds_comm.destroy_process_group()
-            return
-    except ImportError:
-        pass
-    dist.destroy_process_group()
 
 
 @contextlib.contextmanager
@@ -515,12 +433,3 @@ def _decode(v, tensors: dict):
             return tuple(_decode(x, tensors) for x in v["__tuple"])
         return {k: _decode(x, tensors) for k, x in v["__items"]}
     return v
-
-
-def _merge(base: dict, extra: dict) -> None:
-    """Deep-merge ``extra`` into ``base``."""
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _merge(base[k], v)
-        else:
-            base[k] = copy.deepcopy(v)

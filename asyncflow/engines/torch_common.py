@@ -16,6 +16,7 @@ every loss, token count, KL and entropy, exactly as if they were padding.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -299,8 +300,6 @@ def cache_kw(model) -> str:
         model = model.get_base_model()
     kind = type(model)
     if kind not in _CACHE_KW:
-        import inspect
-
         try:
             params = inspect.signature(model.forward).parameters
         except (TypeError, ValueError):
