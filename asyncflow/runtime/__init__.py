@@ -4,8 +4,9 @@
 module          what it owns
 ==============  ==============================================================
 ``driver``      feeds prompts, starts workers, writes metrics/trace: ``run_plan``
-``worker``      one task replica's READ / COMPUTE / WRITE loop (``serve_loop``: continuous
-                batching; ``step_reads``: a train step's reads; ``signals``: Crash, Stop)
+``loops``       a task replica's loops and op handlers, written once for the runtime and the
+                simulator (``serve``: continuous batching; ``step_reads``: a train step's reads)
+``worker``      their real-time host: a thread or Ray actor's thread (``signals``: Crash, Stop)
 ``gate``        the staleness gate (who may start / consume what)
 ``weights``     weight publication and adoption (deferred sync), exposed time
 ``tasks``       reward / advantage / filter / custom functions over column batches

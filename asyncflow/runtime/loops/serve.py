@@ -1,7 +1,10 @@
-"""The ``serve`` loop of :class:`asyncflow.runtime.worker.Worker` (a mixin of it): a rollout
+"""The ``serve`` loop (a mixin of :class:`asyncflow.runtime.loops.state.Loop`): a rollout
 engine with ``serve(pull, emit)`` does continuous batching across steps. ``pull`` runs the ops
 up to the READ (at most ``chunk`` rows a lease), the engine computes, and a lease whose rows are
-all done (or cancelled) runs the ops after COMPUTE (its WRITE), row by row as they finish."""
+all done (or cancelled) runs the ops after COMPUTE (its WRITE), row by row as they finish.
+The cancelling of hopeless samples and the settling of a lease whose rows are all done are
+:meth:`ServeLoop.cancel_hopeless` and :meth:`ServeLoop.settle_lease`, which the simulator's
+serve loop calls too."""
 from __future__ import annotations
 
 import time
@@ -10,25 +13,62 @@ from asyncflow.plan import Op
 from asyncflow.runtime.signals import Stop
 
 
-class ServeLoop:
-    """``Worker._loop_serve`` and what it alone uses; the state is the Worker's."""
+class InFlight:
+    """A lease a serve loop has in its engine: its rows, those done (row -> outputs), those
+    cancelled, those finished since its last write (in finishing order)."""
 
-    def _flush_rows(self, v: dict, rows: list[int], post: list[Op]) -> None:
+    __slots__ = ("lease", "rows", "done", "cancelled", "new", "start", "version", "lane")
+
+    def __init__(self, lease, version, start: float = 0.0, lane: int = 0):
+        self.lease, self.rows, self.version = lease, list(lease.rows), version
+        self.done: dict = {}
+        self.cancelled: set[int] = set()
+        self.new: list[int] = []
+        self.start, self.lane = start, lane
+
+    @property
+    def complete(self) -> bool:
+        """Every row is done or cancelled: the lease ends."""
+        return len(self.done) + len(self.cancelled) == len(self.rows)
+
+
+class ServeLoop:
+    """:meth:`loop_serve` and what a serve loop shares with the simulator's; the state is the
+    :class:`~asyncflow.runtime.loops.state.Loop`'s."""
+
+    def cancel_hopeless(self, flight) -> None:
+        """first_ready: samples in flight (``flight``: (row, version started with) pairs) that
+        no train step may take any more are removed and queued for cancelling."""
+        if self.hopeless and self.newest - self.gate.alpha > 0:
+            oldest = self.newest - self.gate.alpha
+            late = [r for r, version in flight if (version or 0) < oldest]
+            if late:
+                self.remove_rows(late, "staleness")
+                self.cancel_queue.extend(late)
+
+    def settle_lease(self, v: InFlight) -> None:
+        """A lease whose rows are all done or cancelled ends: its cancelled rows are consumed
+        unwritten (acked without outputs)."""
+        if v.cancelled:
+            self.store.ack_rows(v.lease.id, sorted(v.cancelled))
+        self.unhold(v.lease.id)
+
+    def _flush_rows(self, v: InFlight, rows: list[int], post: list[Op]) -> None:
         """Run a serve loop's ops after COMPUTE (its WRITE) on finished ``rows`` of lease
         ``v`` (acked as some of the lease's rows: the lease ends with its last)."""
-        cols = self._to_fields({r: [v["done"][x].get(r) for x in rows]
-                                for _, r in self.roles_out}, rows)
-        versions = [v["done"][r].get("_version", v["version"]) for r in rows]
-        self._check()
-        it = {"lease": v["lease"], "rows": rows, "out": cols, "versions": versions,
+        cols = self.to_fields({r: [v.done[x].get(r) for x in rows]
+                               for _, r in self.roles_out}, rows)
+        versions = [v.done[r].get("_version", v.version) for r in rows]
+        self.check()
+        it = {"lease": v.lease, "rows": rows, "out": cols, "versions": versions,
               "version": min(versions), "end": time.time(), "partial": True}
         for op in post:
-            self._enter(op.kind)
+            self.enter(op.kind)
             if not self.ops[op.kind](op, it):
                 break
-        self._enter("COMPUTE")
+        self.enter("COMPUTE")
 
-    def _loop_serve(self) -> None:
+    def loop_serve(self) -> None:
         """``pull`` runs the ops up to the READ (at most ``chunk`` rows a lease); the engine
         computes; a lease whose rows are all done (or cancelled) runs the ops after COMPUTE (its
         WRITE). Rows removed from the store while in flight (a redundant group, a stale sample)
@@ -39,7 +79,7 @@ class ServeLoop:
         pre, read = self.body[:k + 1], self.body[k]
         post = [op for op in self.body[k + 1:] if op.kind != "COMPUTE"]
         slots = max(1, int(getattr(eng, "slots", 64)))
-        leases: dict[int, dict] = {}  # lease id -> {"lease", "done": {row: outputs}, ...}
+        leases: dict[int, InFlight] = {}  # lease id -> the lease in flight
         row_lease: dict[int, int] = {}
         last_empty = [0.0]
         lanes: list[int] = []  # lane -> 1 busy / 0 free (trace lanes of concurrent leases)
@@ -67,53 +107,44 @@ class ServeLoop:
             ended.clear()
             for lid in todo:
                 v = leases[lid]
-                rows = v["rows"]
-                complete = len(v["done"]) + len(v["cancelled"]) == len(rows)
-                new = v["new"]  # finished since this lease's last write, in finishing order
+                complete = v.complete
+                new = v.new  # finished since this lease's last write, in finishing order
                 if new:
-                    v["new"] = []
+                    v.new = []
                     self._flush_rows(v, new, post)
                 if complete:
                     del leases[lid]
-                    lanes[v["lane"]] = 0
-                    if v["cancelled"]:  # dropped rows: consumed unwritten, the lease ends
-                        self.store.ack_rows(v["lease"].id, sorted(v["cancelled"]))
-                    self._unhold(v["lease"].id)
-                    self.rec.span("COMPUTE", len(v["done"]), v["start"], time.time(),
-                                  v["version"], self.gate.step_of(rows[0]) if self.gate else None,
-                                  lane=v["lane"])
+                    lanes[v.lane] = 0
+                    self.settle_lease(v)
+                    self.rec.span("COMPUTE", len(v.done), v.start, time.time(), v.version,
+                                  self.gate.step_of(v.rows[0]) if self.gate else None,
+                                  lane=v.lane)
 
         def cancels() -> list[int]:
             """In-flight rows removed from the store since the last pull (and, with
             first_ready, rows started with a version no train step may take any more)."""
-            if self.hopeless and self._newest - self.gate.alpha > 0:
-                oldest = self._newest - self.gate.alpha
-                late = [r for r, lid in row_lease.items()
-                        if (leases[lid]["version"] or 0) < oldest]
-                if late:
-                    self._remove(late, "staleness")
-                    self._cancel_q.extend(late)
+            self.cancel_hopeless((r, leases[lid].version) for r, lid in row_lease.items())
             out = []
-            for r in self._cancel_q:
+            for r in self.cancel_queue:
                 lid = row_lease.pop(int(r), None)
                 if lid is not None:
                     v = leases[lid]
-                    v["cancelled"].add(int(r))
+                    v.cancelled.add(int(r))
                     out.append(int(r))
                     dirty[lid] = None
-                    if len(v["done"]) + len(v["cancelled"]) == len(v["rows"]):
+                    if v.complete:
                         ended.append(lid)
-            self._cancel_q = []
+            self.cancel_queue = []
             if out:
                 now = time.time()
                 self.rec.span("CANCEL", len(out), now, now)
-                self._in_flight -= len(out)
-                self.rec.occupancy(min(1.0, self._in_flight / slots))
+                self.in_flight -= len(out)
+                self.rec.occupancy(min(1.0, self.in_flight / slots))
                 flush_done()
             return out
 
         def pull(n: int):
-            if self._sync():
+            if self.sync():
                 raise Stop()
             flush_done()
             gone = cancels()
@@ -125,51 +156,49 @@ class ServeLoop:
                 it: dict = {"pull": min(n, read.chunk or read.rows)}
                 ok = True
                 for op in pre:
-                    self._enter(op.kind)
+                    self.enter(op.kind)
                     if not self.ops[op.kind](op, it):
                         ok = False
                         break
-                self._enter("COMPUTE")
+                self.enter("COMPUTE")
                 if not ok:
                     if not batches:
                         last_empty[0] = time.time()
                     break
-                self._inject(self._step_of_rows(it["rows"]), it["rows"])
+                self.inject(self.step_of_rows(it["rows"]), it["rows"])
                 lease = it["lease"]
                 lane = lanes.index(0) if 0 in lanes else len(lanes)
                 if lane == len(lanes):
                     lanes.append(1)
                 lanes[lane] = 1
-                leases[lease.id] = {"lease": lease, "rows": list(lease.rows), "done": {},
-                                    "cancelled": set(), "new": [], "start": time.time(),
-                                    "version": self._version(), "lane": lane}
+                leases[lease.id] = InFlight(lease, self.current_version(), time.time(), lane)
                 for r in lease.rows:
                     row_lease[r] = lease.id
-                self._in_flight += len(lease.rows)
+                self.in_flight += len(lease.rows)
                 n -= len(lease.rows)
-                batches.append(self._to_roles(lease.columns))
+                batches.append(self.to_roles(lease.columns))
             if not batches:
                 return extra
-            self.rec.occupancy(min(1.0, self._in_flight / slots))
+            self.rec.occupancy(min(1.0, self.in_flight / slots))
             cols = batches[0] if len(batches) == 1 else {
                 k: [x for b in batches for x in b[k]] for k in batches[0]}
             return {**cols, **extra}
 
         def emit(row: dict) -> None:
-            self._check()
+            self.check()
             r = int(row["_row"])
             lid = row_lease.pop(r, None)
             if lid is None:  # cancelled while the engine finished it: never written
                 return
-            row = self._nan(r // self.st.samples_per_step, row)
-            self._progress += 1
+            row = self.nan(r // self.st.samples_per_step, row)
+            self.progress += 1
             v = leases[lid]
-            v["done"][r] = row
-            v["new"].append(r)
+            v.done[r] = row
+            v.new.append(r)
             dirty[lid] = None
-            self._in_flight -= 1
-            self.rec.occupancy(min(1.0, self._in_flight / slots))
-            if len(v["done"]) + len(v["cancelled"]) == len(v["rows"]):
+            self.in_flight -= 1
+            self.rec.occupancy(min(1.0, self.in_flight / slots))
+            if v.complete:
                 ended.append(lid)
                 flush_done()
 
