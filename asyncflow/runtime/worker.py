@@ -40,6 +40,7 @@ are plain calls (the Ray backend hands in proxies).
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -348,6 +349,10 @@ class Worker(Loop):
 
     def inject(self, step: int, rows) -> None:
         """Apply this worker's injected faults due at ``step`` (before COMPUTE's call)."""
+        if self.faults:
+            self._inject(step, rows)
+
+    def _inject(self, step: int, rows) -> None:
         for f in self.faults:
             if f["kind"] == "nan" or not self._due(f, step):
                 continue

@@ -49,7 +49,7 @@ class _Versions:
 class SimControl:
     """The control plane, in process and instant: drops reach every worker at once."""
 
-    def __init__(self, sim: "Simulation"):
+    def __init__(self, sim):
         self.sim = sim
         self._chosen: dict[int, list[int]] = {}
 

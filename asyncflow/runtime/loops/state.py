@@ -12,7 +12,6 @@ a host subclasses :class:`Loop` and overrides them: :class:`asyncflow.runtime.wo
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from asyncflow import kinds
