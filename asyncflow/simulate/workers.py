@@ -176,11 +176,11 @@ class BatchWorker(_StepReader, SimWorker):
                 if op is None:
                     return
                 if op.granularity in ("micro_batch", "step"):
-                    if self.cursor >= self.st.steps:
+                    try:
+                        self.claim_step(it)
+                    except Stop:  # past the last step
                         self.stopped = True
                         return
-                    it["step"] = self.cursor
-                    self.cursor += self.task.replicas
                     gen = self.step_reads(op, it["step"], it.setdefault("leases", []))
                     self._reads = (gen, it)
                     continue

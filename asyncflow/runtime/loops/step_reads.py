@@ -28,11 +28,8 @@ class StepReads:
         trainer (``stream: true``) gets the reads as a generator that its COMPUTE drains micro-
         batch by micro-batch; otherwise every lease is taken first and their columns are joined
         in row order."""
-        if "step" not in it:  # a step READ of a batches loop: replica r takes r, r + R, ...
-            if self.cursor >= self.st.steps:
-                raise Stop()
-            it["step"] = self.cursor
-            self.cursor += self.task.replicas
+        if "step" not in it:
+            self.claim_step(it)
         leases = self._step_leases(op, it["step"], it.setdefault("leases", []))
         if self.loop == "train" and self.task.stream and hasattr(self.engine, "train_stream"):
             it["stream"] = leases
@@ -40,6 +37,14 @@ class StepReads:
         for _ in leases:
             pass
         return self.join_leases(it)
+
+    def claim_step(self, it: dict) -> None:
+        """The step a step READ of a batches loop reads next (replica r of R takes r, r + R,
+        ...) into ``it["step"]``; :class:`~asyncflow.runtime.signals.Stop` past the last."""
+        if self.cursor >= self.st.steps:
+            raise Stop()
+        it["step"] = self.cursor
+        self.cursor += self.task.replicas
 
     def join_leases(self, it: dict) -> bool:
         leases = it.get("leases") or []
