@@ -52,6 +52,7 @@ import traceback
 from asyncflow import kinds, models
 from asyncflow.engines.base import EngineSpec, load_engine_class
 from asyncflow.plan import Plan
+from asyncflow.refs import accepted, resolve
 from asyncflow.runtime import checkpoint, devices
 from asyncflow.runtime.contract import TaskError
 from asyncflow.runtime.evaluate import Evaluator
@@ -105,8 +106,6 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              "schedule": task.schedule, "on_update": task.on_update, "stream": task.stream}
     env = getattr(task, "env", None)
     if env:  # a multi-turn rollout: the environment factory and the task args it accepts
-        from asyncflow.refs import accepted, resolve
-
         extra["env"] = env
         extra["env_args"] = accepted(resolve(env, paths), task.args)
     roles_in = tuple(dict.fromkeys(r for _, r in task.bind_in if r != "keep"))

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from asyncflow.compiler.passes.cost import read_hints
+from asyncflow.engines import sim_turns
+from asyncflow.engines.sim import SimEngine, row_latency, slot_schedule
 from asyncflow.plan import Plan, TaskPlan
 from asyncflow.runtime.worker import engine_spec
 
@@ -30,8 +33,6 @@ class Device:
         elif self.engine is not None:
             lat = self.engine.latency_of(row)
         elif self.latency is not None:
-            from asyncflow.engines.sim import row_latency
-
             lat = row_latency(self.latency, row)
         else:
             lat = self.seconds_per_sample
@@ -49,8 +50,6 @@ class Device:
 
     def makespan(self, rows: list[int]) -> float:
         """A whole-batch rollout call: its rows through ``slots`` slots, in order."""
-        from asyncflow.engines.sim import slot_schedule
-
         if not rows:
             return 0.0
         done = slot_schedule([self.latency_of(r) for r in rows], self.slots)
@@ -59,11 +58,7 @@ class Device:
 
 def device(plan: Plan, task: TaskPlan) -> Device:
     """The cost hints of ``task`` (a ``cost:`` mapping wins over a sim engine's ``args``)."""
-    from asyncflow.compiler.passes.cost import read_hints
-
     if task.engine == "sim" and not task.cost:
-        from asyncflow.engines.sim import SimEngine
-
         eng = SimEngine(engine_spec(plan, task, 0))
         d = Device(slots=eng.slots, seconds_per_sample=eng.seconds_per_sample / eng.devices,
                    sync_seconds=eng.sync_seconds, scale=eng.time_scale, engine=eng)
@@ -81,8 +76,6 @@ def _episodes(d: Device, eng, task: TaskPlan) -> None:
     them; another environment's steps cost nothing here), up to ``max_turns``; episodes in
     flight are bounded by ``env_threads`` (agent turns competing for ``slots`` are not
     modelled)."""
-    from asyncflow.engines import sim_turns
-
     factory, kwargs = sim_turns._environment(eng)
     kwargs = {k: v for k, v in kwargs.items() if k != "time_scale"}
     env = factory(**kwargs)
