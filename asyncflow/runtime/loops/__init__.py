@@ -1,4 +1,12 @@
-"""A worker's loops, written once for the runtime and the simulator.
+"""A worker's loops, for the runtime and the simulator.
+
+The loop state, the op handlers, a train step's reads and the rules a loop applies (the publish
+rule, the micro-batch split, cancelling hopeless samples, settling a lease in flight, the step
+report) are written once, here; the simulator's workers are hosts of the same
+:class:`~asyncflow.runtime.loops.state.Loop` and call them. What each host still drives in its
+own form is the control flow between them: the real host blocks (``loop_batches``,
+``loop_serve``, ``loop_train``), the simulator turns each wait into an event
+(:mod:`asyncflow.simulate.workers`).
 
 ==================  ==============================================================================
 module              what it holds
