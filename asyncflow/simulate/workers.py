@@ -12,7 +12,6 @@ waits for the store (or the weights) to change, and device time is an event in t
 from __future__ import annotations
 
 from asyncflow.runtime.loops import Loop
-from asyncflow.runtime.loops.serve import InFlight
 from asyncflow.runtime.loops.step_reads import micro_slices
 from asyncflow.runtime.signals import Stop
 
@@ -279,23 +278,20 @@ class ServeWorker(SimWorker):
         if n > 0 and self._dry():
             return
         self.waiting = False
-        while n > 0:
-            it: dict = {"pull": min(n, self.read.chunk or self.read.rows)}
-            if not self.op_read(self.read, it):
+        for got in self.lease_slots(n, self.pre, self.read):
+            if got is None:  # a READ found nothing
                 self._missed(1)
                 return
-            self._drained(it["pull"], len(it["rows"]))
+            v, asked = got
+            self._drained(asked, len(v.rows))
             self.occupy()
-            lease = it["lease"]
-            v = self.current_version()
-            self.leases[lease.id] = InFlight(lease, v)
-            for r in lease.rows:
+            self.leases[v.lease.id] = v
+            for r in v.rows:
                 self._seq += 1
-                f = [self.sim.now + self.dev.latency_of(r), lease.id, v, self._seq]
+                f = [self.sim.now + self.dev.latency_of(r), v.lease.id, v.version, self._seq]
                 self.flight[r] = f
                 self.sim.at(f[0], self._finish, r, self._seq)
             self.in_flight = len(self.flight)
-            n -= len(lease.rows)
 
     def _cancels(self) -> None:
         """Rows removed while in flight (and, with first_ready, samples no step may take)."""

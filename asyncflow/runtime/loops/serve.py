@@ -46,6 +46,23 @@ class ServeLoop:
                 self.remove_rows(late, "staleness")
                 self.cancel_queue.extend(late)
 
+    def lease_slots(self, n: int, pre: list[Op], read: Op):
+        """A pull's leases for ``n`` free slots, at most ``read.chunk`` rows each: the ops up to
+        the READ (WAIT, ADOPT, READ) run for each lease. Yields (the lease in flight, the rows
+        its READ asked for); then None if a READ found nothing before the slots were filled."""
+        while n > 0:
+            it: dict = {"pull": min(n, read.chunk or read.rows)}
+            for op in pre:
+                self.enter(op.kind)
+                if not self.ops[op.kind](op, it):
+                    self.enter("COMPUTE")
+                    yield None
+                    return
+            self.enter("COMPUTE")
+            v = InFlight(it["lease"], self.current_version())
+            n -= len(v.rows)
+            yield v, it["pull"]
+
     def settle_lease(self, v: InFlight) -> None:
         """A lease whose rows are all done or cancelled ends: its cancelled rows are consumed
         unwritten (acked without outputs)."""
@@ -152,31 +169,23 @@ class ServeLoop:
             if n <= 0 or time.time() - last_empty[0] < self.backoff:
                 return extra
             batches: list[dict] = []
-            while n > 0:  # leases of at most ``chunk`` rows until the free slots are filled
-                it: dict = {"pull": min(n, read.chunk or read.rows)}
-                ok = True
-                for op in pre:
-                    self.enter(op.kind)
-                    if not self.ops[op.kind](op, it):
-                        ok = False
-                        break
-                self.enter("COMPUTE")
-                if not ok:
+            for got in self.lease_slots(n, pre, read):
+                if got is None:  # a READ found nothing
                     if not batches:
                         last_empty[0] = time.time()
                     break
-                self.inject(self.step_of_rows(it["rows"]), it["rows"])
-                lease = it["lease"]
+                v = got[0]
+                self.inject(self.step_of_rows(v.rows), v.rows)
                 lane = lanes.index(0) if 0 in lanes else len(lanes)
                 if lane == len(lanes):
                     lanes.append(1)
                 lanes[lane] = 1
-                leases[lease.id] = InFlight(lease, self.current_version(), time.time(), lane)
-                for r in lease.rows:
-                    row_lease[r] = lease.id
-                self.in_flight += len(lease.rows)
-                n -= len(lease.rows)
-                batches.append(self.to_roles(lease.columns))
+                v.start, v.lane = time.time(), lane
+                leases[v.lease.id] = v
+                for r in v.rows:
+                    row_lease[r] = v.lease.id
+                self.in_flight += len(v.rows)
+                batches.append(self.to_roles(v.lease.columns))
             if not batches:
                 return extra
             self.rec.occupancy(min(1.0, self.in_flight / slots))
