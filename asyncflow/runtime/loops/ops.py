@@ -6,6 +6,7 @@ this turn. The host is reached through the hooks of :class:`~asyncflow.runtime.l
 (``sync``, ``hold``, ``inject``, ``publish_version``, ...)."""
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -217,13 +218,22 @@ class OpHandlers:
 
 
 
+_UNREADABLE: set[str] = set()  # metrics said to be unreadable (once each)
+
+
 def plain_metrics(m: Any) -> dict:
+    """A train step's metrics as plain values; one that is neither (a tensor of many values:
+    ``.item()`` raises) is left out of the step's report, said once per name."""
     out = {}
     for k, v in (m or {}).items():
         if hasattr(v, "item"):
             try:
                 v = v.item()
-            except Exception:
+            except Exception as e:  # noqa: BLE001 (any tensor type's refusal)
+                if str(k) not in _UNREADABLE:
+                    _UNREADABLE.add(str(k))
+                    print(f"asyncflow: metric {k!r} is left out of the step reports: it is not "
+                          f"one value ({e.__class__.__name__}: {e})", file=sys.stderr)
                 continue
         if isinstance(v, (int, float, str, bool)) or v is None:
             out[str(k)] = v
