@@ -74,11 +74,6 @@ BROAD = {"Exception", "BaseException"}
 ALLOWED = {
     # helper "kinds" (asyncflow/engines/base.py): a broken plug-in distribution's entry points
     ("asyncflow/engines/base.py", "engine_names"): 1,
-    # the worker's helper (asyncflow/runtime/worker.py)
-    ("asyncflow/runtime/worker.py", "Worker._run"): 3,
-    ("asyncflow/runtime/worker.py", "Worker._heartbeat"): 1,
-    ("asyncflow/runtime/worker.py", "Worker._where"): 1,
-    ("asyncflow/runtime/worker.py", "_plain_metrics"): 1,
 }
 
 

@@ -2,6 +2,10 @@
 wake-ups against an exhaustive simulation, the scheduling semantics, and determinism."""
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -65,29 +69,91 @@ def sim(path: str, sets: list[str], steps: int = 6, **kw):
 
 # -- fidelity: the real run of the same plan -----------------------------------------------------
 
-def _real_steady(plan) -> float:
+class RunQueueWait:
+    """CPU-seconds the threads of this process were runnable but waited for a CPU (Linux
+    ``/proc/self/task/*/schedstat``) while the ``with`` block ran: what the machine's load
+    took from a real run (0.0 where the kernel does not say). Sampled every 20 ms, so a thread
+    that ends loses at most its last 20 ms."""
+
+    def __init__(self):
+        self.seen: dict[str, float] = {}
+        self.wait = 0.0
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        for tid in tids:
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    wait = int(f.read().split()[1]) / 1e9
+            except (OSError, IndexError, ValueError):  # the thread ended meanwhile
+                continue
+            self.seen[tid] = max(self.seen.get(tid, 0.0), wait)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def __enter__(self) -> "RunQueueWait":
+        self._sample()
+        self._before = dict(self.seen)
+        self._th = threading.Thread(target=self._loop, daemon=True)
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._th.join()
+        self._sample()
+        self.wait = sum(v - self._before.get(t, 0.0) for t, v in self.seen.items())
+
+
+def _real_run(plan) -> tuple[float, float, float]:
+    """(steady samples/s, steady seconds, CPU-seconds of run-queue wait in them) of a real
+    local run; the run's wait is scaled to its steady part."""
     from asyncflow.runtime.driver import Driver
 
-    ms = Driver(plan, "local").run().metrics
+    t = time.time()
+    with RunQueueWait() as q:
+        ms = Driver(plan, "local").run().metrics
+    wall = time.time() - t
     span = ms[-1]["time"] - ms[0]["time"]
-    return sum(m["samples"] for m in ms[1:]) / span
+    return sum(m["samples"] for m in ms[1:]) / span, span, q.wait * min(1.0, span / wall)
 
 
 def test_fidelity_small_scale_against_real_local_runs():
     """sim_longtail at half speed (``time_scale`` 0.5 on the rollout and the trainer), alpha 0 and
-    2: the simulated steady throughput is within 25% of the real local run's (measured: 1-5%
-    here; at time_scale 0.1 the runtime's fixed per-step overheads alone reach ~20%), and both
-    agree that alpha 2 is faster than alpha 0."""
+    2, against the real local run of the same plan (measured: sim/real 1.01-1.05 here; at
+    time_scale 0.1 the runtime's fixed per-step overheads alone reach ~20%):
+
+    - the real run is never faster than the simulation by more than timer noise (what the
+      simulator leaves out -- Python, flushes, control calls -- only slows a real run down, and
+      so does a load on the machine): sim/real >= 0.9;
+    - the real run is slower by at most the overheads the simulator leaves out (25% of the
+      simulated steady time) plus the time the machine's load took from it: the CPU-seconds
+      its threads were runnable but waited for a CPU (:class:`RunQueueWait`), over the 2 cores
+      the run could use at once. On a quiet machine that is the plain 25% bound; a loaded one
+      (real 297 vs simulated 400 samples/s once, when this was a bare ratio) widens it by what
+      was measured, not by luck;
+    - both agree that alpha 2 is faster than alpha 0."""
     import asyncflow.algos.advantages  # noqa: F401  (its torch import: start-up, not step 0)
 
     scale = ["tasks.generate.args.time_scale=0.5", "tasks.update.args.time_scale=0.5"]
+    cores = max(1, min(2, os.cpu_count() or 1))
     real, simulated = {}, {}
     for alpha in (0, 2):
         sets = scale + [f"sync.0.max_staleness={alpha}"]
-        simulated[alpha] = sim(LONGTAIL, sets, steps=8).samples_per_s
-        real[alpha] = _real_steady(plan_of(LONGTAIL, sets, 8))
-        ratio = simulated[alpha] / real[alpha]
-        assert 0.75 <= ratio <= 1.25, (alpha, simulated[alpha], real[alpha])
+        s = sim(LONGTAIL, sets, steps=8)
+        simulated[alpha] = s.samples_per_s
+        real[alpha], span, wait = _real_run(plan_of(LONGTAIL, sets, 8))
+        sim_span = s.step_ends[-1] - s.step_ends[0]
+        what = (alpha, simulated[alpha], real[alpha], f"steady {span:.3f} s vs simulated "
+                f"{sim_span:.3f} s, run-queue wait {wait:.2f} CPU-s")
+        assert simulated[alpha] / real[alpha] >= 0.9, what
+        assert span <= 1.25 * sim_span + wait / cores, what
     assert simulated[2] > 1.15 * simulated[0], simulated
     assert real[2] > 1.1 * real[0], real
 

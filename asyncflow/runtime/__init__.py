@@ -8,8 +8,9 @@ module          what it owns
                 and checkpoint closing; ``supervise``: deaths, restarts, the watchdog)
 ``faults``      RunError, the AF63x faults, ``--inject`` parsing
 ``options``     RunOptions: one run's knobs, handed down from the CLI
-``worker``      one task replica's READ / COMPUTE / WRITE loop (``serve_loop``: continuous
-                batching; ``step_reads``: a train step's reads; ``signals``: Crash, Stop)
+``loops``       a task replica's loops and op handlers, written once for the runtime and the
+                simulator (``serve``: continuous batching; ``step_reads``: a train step's reads)
+``worker``      their real-time host: a thread or Ray actor's thread (``signals``: Crash, Stop)
 ``gate``        the staleness gate (who may start / consume what)
 ``weights``     weight publication and adoption (deferred sync), exposed time
 ``tasks``       reward / advantage / filter / custom functions over column batches

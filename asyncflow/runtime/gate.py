@@ -62,9 +62,6 @@ class Gate:
         ``extra``: rows fed to replace dropped ones."""
         return (self.max_step(version) + 1) * self.per_step + int(extra)
 
-    def may_start(self, step: int, version: int) -> bool:
-        return version >= step - self.alpha
-
     def staleness(self, train_step: int, version: int | None) -> int:
         return 0 if version is None or version < 0 else int(train_step) - int(version)
 

@@ -1,8 +1,9 @@
-"""Reads inside one train step for :class:`asyncflow.runtime.worker.Worker` (a mixin of it):
+"""Reads inside one train step (a mixin of :class:`asyncflow.runtime.loops.state.Loop`):
 a ``micro_batch``/``step`` READ leases step n's rows ``op.rows`` at a time -- in_order windows,
 first_ready, redundancy and refills (:class:`asyncflow.runtime.windows.Windows`), the
 staleness check of gate rule 4 -- and a streaming trainer drains them as micro-batches. The
-simulator (:mod:`asyncflow.simulate.core`) runs these same methods."""
+simulator (:mod:`asyncflow.simulate.core`) runs these same methods, and splits a lease into
+micro-batches by the same rule (:func:`micro_slices`)."""
 from __future__ import annotations
 
 import time
@@ -11,28 +12,41 @@ from asyncflow.plan import Op
 from asyncflow.runtime.signals import Stop
 
 
-class StepReads:
-    """``Worker.step_reads`` and the helpers of a step's reads; the state is the Worker's."""
+def micro_slices(n: int, size: int) -> list[tuple[int, int]]:
+    """A lease of ``n`` rows as micro-batches of at most ``size`` rows (0: one): (start, rows)
+    of each."""
+    step = size if 0 < size < n else n
+    return [(i, min(step, n - i)) for i in range(0, n, step)] if n else []
 
-    def _read_step(self, op: Op, it: dict) -> bool:
+
+class StepReads:
+    """:meth:`step_reads` and the helpers of a step's reads; the state is the
+    :class:`~asyncflow.runtime.loops.state.Loop`'s."""
+
+    def read_step(self, op: Op, it: dict) -> bool:
         """READ inside one step, ``op.rows`` at a time (:meth:`_step_leases`). A streaming
         trainer (``stream: true``) gets the reads as a generator that its COMPUTE drains micro-
         batch by micro-batch; otherwise every lease is taken first and their columns are joined
         in row order."""
-        if "step" not in it:  # a step READ of a batches loop: replica r takes r, r + R, ...
-            if self._cursor >= self.st.steps:
-                raise Stop()
-            it["step"] = self._cursor
-            self._cursor += self.task.replicas
+        if "step" not in it:
+            self.claim_step(it)
         leases = self._step_leases(op, it["step"], it.setdefault("leases", []))
         if self.loop == "train" and self.task.stream and hasattr(self.engine, "train_stream"):
             it["stream"] = leases
             return True
         for _ in leases:
             pass
-        return self._join(it)
+        return self.join_leases(it)
 
-    def _join(self, it: dict) -> bool:
+    def claim_step(self, it: dict) -> None:
+        """The step a step READ of a batches loop reads next (replica r of R takes r, r + R,
+        ...) into ``it["step"]``; :class:`~asyncflow.runtime.signals.Stop` past the last."""
+        if self.cursor >= self.st.steps:
+            raise Stop()
+        it["step"] = self.cursor
+        self.cursor += self.task.replicas
+
+    def join_leases(self, it: dict) -> bool:
         leases = it.get("leases") or []
         if not leases:
             it.update(rows=[], cols={})
@@ -40,11 +54,11 @@ class StepReads:
         cols: dict = {f: [x for l in leases for x in l.columns[f]] for f in leases[0].columns}
         order = sorted(range(len(cols["_row"])), key=cols["_row"].__getitem__)
         it.update(lease=leases[0] if len(leases) == 1 else None, cols={
-            f: [v[i] for i in order] for f, v in cols.items()}, version=self._version())
+            f: [v[i] for i in order] for f, v in cols.items()}, version=self.current_version())
         it["rows"] = list(it["cols"]["_row"])
         return True
 
-    def _lease_step(self, want: int, *, step: int, min_rows: int, split: int | None = None,
+    def lease_step(self, want: int, *, step: int, min_rows: int, split: int | None = None,
                     **kw) -> list:
         """One store read of a step READ: its leases, ``[]`` when not ``min_rows`` rows are
         ready yet. With ``split`` < ``want``, up to ``want`` rows as leases of ``split`` rows
@@ -62,11 +76,11 @@ class StepReads:
                                    fields=self.fields, owner=self.id, **kw)
             leases = [] if lease is None else [lease]
         if not leases:
-            self._sync(force=True)  # learn of removals: the window may have moved
+            self.sync(force=True)  # learn of removals: the window may have moved
             return []
         for lease in leases:
-            self._hold(lease, kw.get("lease_s"))
-        self._check()
+            self.hold(lease, kw.get("lease_s"))
+        self.check()
         if self.loop == "train" and not self.follows:
             bad = [r for lease in leases for r, v in
                    zip(lease.rows, lease.columns.get("_version") or [None] * len(lease.rows))
@@ -74,14 +88,14 @@ class StepReads:
             if bad:
                 now = time.time()
                 self.rec.span("DROP", len(bad), now, now, step=step)
-                self._remove(bad, "staleness")
+                self.remove_rows(bad, "staleness")
                 for lease in leases:
-                    self._release(lease.id)
+                    self.release_lease(lease.id)
                 return []
-        self._stats["leases"] += len(leases)
+        self.stats["leases"] += len(leases)
         return leases
 
-    def _remove(self, rows: list[int], reason: str) -> None:
+    def remove_rows(self, rows: list[int], reason: str) -> None:
         """Drop ``rows`` from the store -- whole groups: a group missing a row can be neither
         normalised nor trained (and a replaced reason replaces whole groups) -- and tell every
         worker (the control's ``dropped`` stream)."""
@@ -122,23 +136,23 @@ class StepReads:
 
         def got(lease):
             self.rec.span("READ", len(lease.rows), t,
-                          version=step if self.loop == "train" else self._version(), step=step)
+                          version=step if self.loop == "train" else self.current_version(), step=step)
             leases.append(lease)
             return lease
 
         if self.follows:  # another train task chose this step's rows
             rows = None
             while rows is None:
-                if self._sync():
+                if self.sync():
                     raise Stop()
                 rows = self.control.chosen(step)
                 if rows is None:
                     yield None
             need = set(r for r in rows if mine is None or mine(r))
             while need:
-                if self._sync():
+                if self.sync():
                     raise Stop()
-                got_ = self._lease_step(min(op.rows, len(need)), step=step, min_rows=1,
+                got_ = self.lease_step(min(op.rows, len(need)), step=step, min_rows=1,
                                         max_row=max(need) + 1, filter_fn=_InSet(need),
                                         lease_s=lease_s)
                 for lease in got_:
@@ -152,10 +166,10 @@ class StepReads:
         if self.loop == "train" and self.consume == "first_ready":
             goal = pps * spp
             while len(taken) < goal:
-                if self._sync():
+                if self.sync():
                     raise Stop()
                 want = max(spp, min(op.rows, goal - len(taken)) // spp * spp)
-                got_ = self._lease_step(want, step=step, min_rows=spp, whole_groups=True,
+                got_ = self.lease_step(want, step=step, min_rows=spp, whole_groups=True,
                                         group_size=spp, lease_s=lease_s)
                 for lease in got_:
                     taken.extend(lease.rows)
@@ -165,7 +179,7 @@ class StepReads:
                 t = time.time()
         else:
             redundant = self.loop == "train" and self.launch > pps
-            g0 = self._g0 if (self.st.replace or redundant) else step * self.launch
+            g0 = self.next_group if (self.st.replace or redundant) else step * self.launch
             have: set[int] = set()
             while True:
                 g_end, live = self.windows.window(g0)
@@ -187,9 +201,9 @@ class StepReads:
                         break
                     # the rest of the window in one store call, as micro-batches of op.rows
                     want, least, split = left, min(op.rows, left), op.rows
-                if self._sync():
+                if self.sync():
                     raise Stop()
-                got_ = self._lease_step(
+                got_ = self.lease_step(
                     want, step=step, min_rows=least, max_row=hi, whole_groups=redundant,
                     group_size=spp, lease_s=lease_s, split=split,
                     filter_fn=(_Share(lo, spp, k, n) if mine is not None
@@ -205,41 +219,40 @@ class StepReads:
                 g_end, live = self.windows.window(g0)
                 cancel = [r for r in live if r not in have]
                 if cancel:
-                    self._remove(cancel, "redundant")
+                    self.remove_rows(cancel, "redundant")
             if self.st.replace or redundant:
-                self._g0 = g_end
+                self.next_group = g_end
         if self.leads:
             self.control.choose(step, taken)
 
-    def _next_row(self, step: int, rows: list[int]) -> int:
+    def next_row(self, step: int, rows: list[int]) -> int:
         """Where a run resumed after train step ``step`` numbers its rows from: the next
         window; with first_ready, past the highest row trained (samples in flight then are
         replaced by new prompts, never trained twice)."""
         spp = self.st.samples_per_prompt
         if self.consume == "first_ready":
-            self._top = max([self._top] + [int(r) for r in rows])
-            return (self._top // spp + 1) * spp
+            self.top_row = max([self.top_row] + [int(r) for r in rows])
+            return (self.top_row // spp + 1) * spp
         if self.st.replace or self.launch != self.st.prompts_per_step:
-            return self._g0 * spp
+            return self.next_group * spp
         return (step + 1) * self.launch * spp
 
-    def _micro_batches(self, it: dict, size: int):
+    def micro_batches(self, it: dict, size: int):
         """A streaming trainer's micro-batches (at most ``size`` rows: the COMPUTE op's),
         role-keyed, as their leases arrive: the engine's forward/backward of one runs while the
         next is read (a COMPUTE span per micro-batch)."""
-        self._enter("READ")
+        self.enter("READ")
         for lease in it["stream"]:
             cols, n = lease.columns, len(lease.rows)
-            step = size if 0 < size < n else n
-            for i in range(0, n, step):
-                part = cols if step == n else {f: v[i:i + step] for f, v in cols.items()}
-                self._enter("COMPUTE")
+            for i, k in micro_slices(n, size):
+                part = cols if k == n else {f: v[i:i + k] for f, v in cols.items()}
+                self.enter("COMPUTE")
                 t = self.rec.compute_begin()
-                yield self._to_roles(part)
+                yield self.to_roles(part)
                 end = self.rec.compute_end()
-                self._enter("READ")  # waiting for the next micro-batch's rows
-                self._progress += 1
-                self.rec.span("COMPUTE", min(step, n - i), t, end, it["step"], it["step"])
+                self.enter("READ")  # waiting for the next micro-batch's rows
+                self.progress += 1
+                self.rec.span("COMPUTE", k, t, end, it["step"], it["step"])
 
 
 class _InSet:

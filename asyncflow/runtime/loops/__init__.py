@@ -1,0 +1,33 @@
+"""A worker's loops, for the runtime and the simulator.
+
+The loop state, the op handlers, a train step's reads and the rules a loop applies (the publish
+rule, the micro-batch split, cancelling hopeless samples, settling a lease in flight, the step
+report) are written once, here; the simulator's workers are hosts of the same
+:class:`~asyncflow.runtime.loops.state.Loop` and call them. What each host still drives in its
+own form is the control flow between them: the real host blocks (``loop_batches``,
+``loop_serve``, ``loop_train``), the simulator turns each wait into an event
+(:mod:`asyncflow.simulate.workers`).
+
+==================  ==============================================================================
+module              what it holds
+==================  ==============================================================================
+``state``           :class:`~asyncflow.runtime.loops.state.Loop`: one task replica's loop state
+                    (gate, windows, bindings, op list) built from its WorkerPlan, the ``batches``
+                    and ``train`` loops, and the host hooks with their defaults
+``ops``             the op handlers: WAIT, ADOPT, READ, COMPUTE, WRITE, PUBLISH, end of a step
+``serve``           the ``serve`` loop (continuous batching) and what the simulator's shares
+                    with it: cancelling hopeless samples, settling a lease in flight
+``step_reads``      a train step's reads: windows, first_ready, redundancy, followers, gate
+                    rule 4, micro-batches
+``host``            :class:`~asyncflow.runtime.loops.host.Host`: what a loop asks of its host
+==================  ==============================================================================
+
+Hosts: :class:`asyncflow.runtime.worker.Worker` (a thread of the local backend or of a Ray
+actor, real time: heartbeat, faults, engine start, liveness, the control plane) and the
+simulator's workers (:mod:`asyncflow.simulate.core`, virtual time: device time is an event, the
+control plane is instant).
+"""
+from asyncflow.runtime.loops.host import Host
+from asyncflow.runtime.loops.state import Loop, body
+
+__all__ = ["Host", "Loop", "body"]

@@ -1,0 +1,440 @@
+"""The simulator's workers: hosts of the runtime's loop state in virtual time.
+
+Each is a :class:`~asyncflow.runtime.loops.state.Loop` built from its WorkerPlan, so the gate,
+the windows, the staleness acceptance, the op handlers (``op_read``, ``op_write`` with gate rule
+3, ``op_adopt``), :meth:`~asyncflow.runtime.loops.step_reads.StepReads.step_reads`, the
+cancelling of hopeless samples and the settling of a lease in flight
+(:class:`~asyncflow.runtime.loops.serve.ServeLoop`), the micro-batch split and the publish rule
+are the runtime's own. What a worker here does instead of blocking: a read that finds nothing
+waits for the store (or the weights) to change, and device time is an event in the future
+(:mod:`asyncflow.simulate.core`).
+"""
+from __future__ import annotations
+
+from asyncflow.runtime.loops import Loop
+from asyncflow.runtime.loops.step_reads import micro_slices
+from asyncflow.runtime.signals import Stop
+
+class _NoRecorder:
+    """Spans are not recorded (the simulator keeps its own timeline)."""
+
+    def span(self, *a, **k) -> None:
+        pass
+
+
+class _Versions:
+    """A worker's adopter: the versions of the models it receives (no weights move)."""
+
+    def __init__(self, worker: "SimWorker", models: list[str]):
+        self.w = worker
+        self.known = {m: 0 for m in models}
+        self.exposed_s = 0.0
+
+    @property
+    def version(self) -> int:
+        return min(self.known.values()) if self.known else 0
+
+    def adopt(self, newer: dict) -> bool:
+        took = False
+        for model, (version, _) in sorted(newer.items()):
+            if version > self.known.get(model, -1):
+                self.known[model] = version
+                took = True
+        if took:
+            self.w.adopted()
+        return took
+
+
+class SimControl:
+    """The control plane, in process and instant: drops reach every worker at once."""
+
+    def __init__(self, sim):
+        self.sim = sim
+        self._chosen: dict[int, list[int]] = {}
+
+    def note_drops(self, rows: list[int], reason: str) -> None:
+        self.sim.dropped(list(rows), reason)
+
+    def choose(self, step: int, rows: list[int]) -> None:
+        self._chosen[step] = list(rows)
+        self.sim.wake_kind("train")
+
+    def chosen(self, step: int):
+        return self._chosen.get(step)
+
+
+# -- workers -------------------------------------------------------------------------------------
+
+class SimWorker(Loop):
+    """A host of the runtime's loop state (:class:`~asyncflow.runtime.loops.state.Loop`) whose
+    loop is driven by events (subclasses per loop kind)."""
+
+    def __init__(self, sim, wp, options: dict):
+        super().__init__(sim.plan, wp.id, sim.store, sim.control, options)
+        self.sim = sim
+        self.rec = _NoRecorder()
+        self.adopter = _Versions(self, self.models_in) if self.models_in else None
+        self.dev = sim.devices[self.task.name]
+        self.busy_s = 0.0  # device seconds used (rollouts: slot-seconds / slots)
+        self.waiting = False
+        self._blocked_until = 0.0  # taking up new weights (sync_seconds)
+        # a read that found nothing: how many newly written input rows it takes before a
+        # read may succeed (at least 1; fewer pokes, never a missed one: see Simulation.wrote)
+        self.need = 1
+        self.fresh = 0
+        self.dry = False  # the last read drained the store
+        read = next((o for o in self.body if o.kind == "READ"), None)
+        # a reader of whole groups counts writes per group (Simulation.wrote)
+        self.unit = read.unit if read is not None and read.granularity == "group" \
+            and read.unit > 1 and self.st.samples_per_prompt == read.unit else 0
+        self.fill: dict[int, int] = {}
+
+    def _missed(self, min_rows: int) -> None:
+        """A read of at least ``min_rows`` rows found too few: wait for that many more (a
+        reader of whole groups: for one more group written whole)."""
+        self.waiting = True
+        self.fresh = 0
+        self.need = 1 if min_rows <= 1 or self.unit else max(
+            1, int(min_rows) - self.store.pending(self.task.name))
+
+    def _drained(self, asked: int, got: int) -> None:
+        """A read took every row there was (fewer than it asked for): the next read can find
+        rows only after a write, a feed, a release or new weights (``fresh``)."""
+        self.fresh = 0
+        self.dry = got < asked
+
+    def _dry(self) -> bool:
+        """Nothing can have become readable since a read that drained the store: wait."""
+        if self.dry and self.fresh <= 0:
+            self.waiting, self.need = True, 1
+            return True
+        return False
+
+    # the control plane is instant here: no heartbeats, no flushes, no lease renewals
+    def sync(self, force: bool = False, wait_s: float = 0.0) -> bool:
+        return False
+
+    def offer(self, model: str, version: int) -> None:
+        """The trainer published ``version`` of ``model`` (the ADOPT op takes it up)."""
+        self.heard_newer({**self.newer, model: (version, None)})
+
+    def adopted(self) -> None:
+        """New weights taken up: the engine's weight update takes ``sync_seconds`` (and the
+        gate lets this worker start more rows)."""
+        self.fresh = max(self.fresh, self.need)
+        dt = self.dev.sync_seconds * self.dev.scale
+        if dt > 0:
+            self._blocked_until = self.sim.now + dt
+            self.sim.after(dt, self.poke)
+
+    def poke(self) -> None:
+        """Something this worker may be waiting for changed: try to make progress."""
+        raise NotImplementedError
+
+
+class _StepReader:
+    """A step READ's failed reads set the worker's ``need`` (mixed into batch and train
+    workers: :meth:`Loop.lease_step` is the one place a step read leases)."""
+
+    def lease_step(self, want: int, *, step: int, min_rows: int, **kw) -> list:
+        leases = super().lease_step(want, step=step, min_rows=min_rows, **kw)
+        if not leases:
+            self._missed(min_rows)
+        return leases
+
+
+class BatchWorker(_StepReader, SimWorker):
+    """The ``batches`` loop: WAIT, ADOPT, READ, COMPUTE (device time), WRITE; a step-granularity
+    READ leases the step's rows with :meth:`Loop.step_reads`."""
+
+    def __init__(self, sim, wp, options):
+        super().__init__(sim, wp, options)
+        self.read_op = next((o for o in self.body if o.kind == "READ"), None)
+        self.write_op = next((o for o in self.body if o.kind == "WRITE"), None)
+        self.computing = False
+        self._reads = None  # a step READ in progress: (generator, it)
+        self.rollout = self.task.kind == "rollout"
+
+    def poke(self) -> None:
+        if self.computing or self.stopped or self.sim.now < self._blocked_until:
+            return
+        while not self.computing:
+            it: dict = {}
+            if self._reads is not None:
+                gen, it = self._reads
+                if not self._drain(gen):
+                    return
+                self._reads = None
+                if not self.join_leases(it):
+                    continue
+            else:
+                self.op_adopt(None, it)
+                if self.sim.now < self._blocked_until:
+                    return
+                op = self.read_op
+                if op is None:
+                    return
+                if op.granularity in ("micro_batch", "step"):
+                    try:
+                        self.claim_step(it)
+                    except Stop:  # past the last step
+                        self.stopped = True
+                        return
+                    gen = self.step_reads(op, it["step"], it.setdefault("leases", []))
+                    self._reads = (gen, it)
+                    continue
+                if self._dry():
+                    return
+                it["pull"] = op.rows  # a read that never waits (no real-time backoff)
+                if not self.op_read(op, it):
+                    self._missed(min(op.min_rows, op.rows))
+                    return
+                self._drained(op.rows, len(it["rows"]))
+            self.waiting = False
+            rows = it.get("rows") or []
+            dt = self.dev.makespan(rows) if self.rollout else self.dev.call(len(rows))
+            self.computing = True
+            self.busy_s += dt
+            self.sim.after(dt, self._computed, it)
+
+    def _drain(self, gen) -> bool:
+        """Advance a step READ; False while it waits for rows."""
+        while True:
+            try:
+                lease = next(gen)
+            except StopIteration:
+                return True
+            except Stop:
+                self.stopped = True
+                return False
+            if lease is None:
+                self.waiting = True
+                return False
+
+    def _computed(self, it: dict) -> None:
+        self.computing = False
+        rows = it.get("rows") or []
+        if rows and self.write_op is not None:
+            it["out"] = {f: [0] * len(rows) for f in self.task.outputs}
+            it["end"] = self.sim.now
+            if it.get("step") is None and self.gate is not None:
+                it["step"] = self.gate.step_of(rows[0])
+            if it.get("lease") is None:  # a step READ's several leases: ack each
+                for lease in it.get("leases") or []:
+                    cols = {f: [0] * len(lease.rows) for f in self.task.outputs}
+                    self.ack(lease.id, cols)
+                self.sim.wrote(self.task.name, rows)
+            elif self.op_write(self.write_op, it):
+                self.sim.wrote(self.task.name, rows)
+            else:
+                self.sim.released(self.task.name)
+        self.poke()
+
+
+class ServeWorker(SimWorker):
+    """The ``serve`` loop (``schedule: queue``): ``slots`` samples in flight, a freed slot takes
+    the next row at once, each sample written as it finishes; removed rows are cancelled in
+    flight; new weights are adopted between requests by the ADOPT op (``on_update``)."""
+
+    def __init__(self, sim, wp, options):
+        super().__init__(sim, wp, options)
+        k = next(i for i, op in enumerate(self.body) if op.kind == "READ")
+        self.pre, self.read = self.body[:k + 1], self.body[k]
+        self.post = [op for op in self.body[k + 1:] if op.kind == "WRITE"]
+        self.slots = max(1, self.dev.slots)
+        self.flight: dict[int, list] = {}  # row -> [finish, lease id, version, seq]
+        self.leases: dict[int, dict] = {}
+        self._seq = 0
+        self._last = 0.0  # occupancy integration
+
+    def occupy(self) -> None:
+        now = self.sim.now
+        self.busy_s += (now - self._last) * len(self.flight) / self.slots
+        self._last = now
+
+    def adopted(self) -> None:
+        super().adopted()
+        dt = max(0.0, self._blocked_until - self.sim.now)
+        if self.on_update == "abort" and self.flight:
+            self.occupy()
+            self.stats["aborted"] = self.stats.get("aborted", 0) + len(self.flight)
+            for r, f in self.flight.items():  # restart with the new version
+                self._seq += 1
+                f[0] = self.sim.now + dt + self.dev.latency_of(r)
+                f[2] = self.current_version()
+                f[3] = self._seq
+                self.sim.at(f[0], self._finish, r, self._seq)
+
+    def poke(self) -> None:
+        """A pull: cancel removed rows, the ADOPT op (``on_update: finish`` defers new weights
+        while samples are in flight), then READs until the free slots are filled."""
+        if self.stopped or self.sim.now < self._blocked_until:
+            return
+        self._cancels()
+        self.op_adopt(self.read, {"pull": 0})
+        if self.sim.now < self._blocked_until:
+            return
+        n = self.slots - len(self.flight)
+        if n > 0 and self._dry():
+            return
+        self.waiting = False
+        for got in self.lease_slots(n, self.pre, self.read):
+            if got is None:  # a READ found nothing
+                self._missed(1)
+                return
+            v, asked = got
+            self._drained(asked, len(v.rows))
+            self.occupy()
+            self.leases[v.lease.id] = v
+            for r in v.rows:
+                self._seq += 1
+                f = [self.sim.now + self.dev.latency_of(r), v.lease.id, v.version, self._seq]
+                self.flight[r] = f
+                self.sim.at(f[0], self._finish, r, self._seq)
+            self.in_flight = len(self.flight)
+
+    def _cancels(self) -> None:
+        """Rows removed while in flight (and, with first_ready, samples no step may take)."""
+        self.cancel_hopeless((r, f[2]) for r, f in self.flight.items())
+        if not self.cancel_queue:
+            return
+        self.occupy()
+        for r in self.cancel_queue:
+            f = self.flight.pop(int(r), None)
+            if f is not None:
+                self.stats["cancelled"] = self.stats.get("cancelled", 0) + 1
+                self.leases[f[1]].cancelled.add(int(r))
+                self._settle(f[1])
+        self.cancel_queue = []
+        self.in_flight = len(self.flight)
+
+    def _finish(self, r: int, seq: int) -> None:
+        f = self.flight.get(r)
+        if f is None or f[3] != seq:
+            return  # cancelled or restarted
+        if self.sim.now < self._blocked_until:  # emitted once the weight update is done
+            self.sim.at(self._blocked_until, self._finish, r, seq)
+            return
+        self.occupy()
+        del self.flight[r]
+        self.in_flight = len(self.flight)
+        v = self.leases[f[1]]
+        v.done[r] = f[2]
+        rows = [r]
+        it = {"lease": v.lease, "rows": rows, "out": {f_: [0] for f_ in self.task.outputs},
+              "versions": [f[2] if f[2] is not None else 0], "version": f[2], "end": self.sim.now,
+              "partial": True}
+        wrote = True
+        for op in self.post:
+            wrote = self.op_write(op, it)
+        if wrote:
+            self.sim.wrote(self.task.name, rows)
+        else:
+            self.sim.released(self.task.name)
+        self._settle(f[1])
+        self.sim.soon(self.poke)
+
+    def _settle(self, lid: int) -> None:
+        v = self.leases.get(lid)
+        if v is not None and v.complete:
+            del self.leases[lid]
+            self.settle_lease(v)
+
+    def offer(self, model: str, version: int) -> None:
+        super().offer(model, version)
+        self.sim.soon(self.poke)
+
+
+class TrainWorker(_StepReader, SimWorker):
+    """The ``train`` loop: the step's rows by :meth:`Loop.step_reads`, forward/backward per
+    micro-batch as they arrive (``stream``) or once over all of them, then PUBLISH."""
+
+    def __init__(self, sim, wp, options):
+        super().__init__(sim, wp, options)
+        self.read_op = next(o for o in self.body if o.kind == "READ")
+        self.compute_op = next((o for o in self.body if o.kind == "COMPUTE"), None)
+        self.publishes = [o for o in self.body if o.kind == "PUBLISH" and o.model]
+        self.stream = bool(self.task.stream)
+        self.step = int(self.opt.get("start_step", 0))
+        self._gen = None
+        self._leases: list = []
+        self._queue: list[int] = []  # streamed micro-batches (their rows) not yet computed
+        self.size = self.compute_op.rows if self.compute_op and self.compute_op.rows else 0
+        self.computing = False
+
+    def poke(self) -> None:
+        if self.computing or self.stopped or self.step >= self.st.steps:
+            return
+        if self._gen is None:
+            self._leases = []
+            self._gen = self.step_reads(self.read_op, self.step, self._leases)
+        while True:
+            try:
+                lease = next(self._gen)
+            except StopIteration:
+                break
+            except Stop:
+                self.stopped = True
+                return
+            if lease is None:
+                self.waiting = True
+                return
+            self.waiting = False
+            if self.stream:  # the lease's micro-batches (Loop.micro_batches, micro_slices)
+                self._queue.extend(k for _, k in micro_slices(len(lease.rows), self.size))
+                self._micro()
+                if self.computing:
+                    return
+        self.waiting = False
+        self._gen = False  # read complete
+        if self.stream:
+            self._micro(final=True)
+            return
+        self._compute(sum(len(l.rows) for l in self._leases), done=True)
+
+    def _micro(self, final: bool = False) -> None:
+        """Compute the next micro-batch; at the step's end (``final``) the last one ends it."""
+        if self.computing:
+            return
+        if self._queue:
+            k = self._queue.pop(0)
+            self._compute(k, done=final and not self._queue)
+        elif final:
+            self._end_step()
+
+    def _compute(self, n: int, done: bool) -> None:
+        dt = self.dev.call(n)
+        self.busy_s += dt
+        self.computing = True
+        self.sim.after(dt, self._computed, done)
+
+    def _computed(self, done: bool) -> None:
+        self.computing = False
+        if self._gen is False:  # every row read: compute what is left, then end the step
+            if self.stream and self._queue:
+                self._micro(final=True)
+                return
+            self._end_step()
+            return
+        if done:
+            self._end_step()
+            return
+        self._micro()
+        if not self.computing:
+            self.poke()
+
+    def _end_step(self) -> None:
+        step = self.step
+        rows = sorted(r for lease in self._leases for r in lease.rows)
+        versions = []
+        for lease in self._leases:
+            versions.extend(lease.columns.get("_version") or [None] * len(lease.rows))
+        self.ack_step(self._leases)
+        self.next_row(step, rows)
+        self.sim.step_done(self, step, rows, self.staleness_of(step, versions))
+        if self.publish_due(step):
+            for op in self.publishes:
+                self.sim.publish(op.model, step + 1)
+        self.step += 1
+        self._gen = None
+        self.sim.soon(self.poke)
