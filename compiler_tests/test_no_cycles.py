@@ -151,13 +151,9 @@ def test_no_cycles_between_top_level_units():
 
 
 # -- between modules, inside a unit too -----------------------------------------------------------
-#: import edges (importer, imported) of known circles still open in files other helpers own; the
-#: merge of issue 23 empties this list. Every other circle fails the test below.
-ALLOWED_EDGES = {
-    # runtime/data.py imports RunError from runtime/driver.py inside load_prompts/load_rows, and
-    # driver.py imports data.py: helper "rooms" moves RunError out (its files)
-    ("asyncflow.runtime.data", "asyncflow.runtime.driver"),
-}
+#: import edges (importer, imported) of known circles allowed to stay open (none: every circle
+#: fails the test below; the data <-> driver one ended when RunError moved to runtime/faults.py)
+ALLOWED_EDGES: set[tuple[str, str]] = set()
 
 
 def module_graph() -> nx.DiGraph:
