@@ -71,7 +71,7 @@ class LocalBackend:
                 res = w.run()
             except BaseException as e:  # the thread dies of anything: the driver sees it
                 res = {"worker": wid, "status": "died",
-                       "error": f"{e.__class__.__name__}: {e}", "op": w._op}
+                       "error": f"{e.__class__.__name__}: {e}", "op": w.op}
             if self.workers.get(wid) is w:
                 self.results[wid] = res
 

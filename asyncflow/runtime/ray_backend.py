@@ -45,7 +45,7 @@ class WorkerProcess:
             return w.run()
         except BaseException as e:  # the loop died of anything but a crash of the process
             return {"worker": wid, "status": "died",
-                    "error": f"{e.__class__.__name__}: {e}", "op": w._op if w else "START"}
+                    "error": f"{e.__class__.__name__}: {e}", "op": w.op if w else "START"}
 
     def stack(self, wid: str) -> str:
         w = self.workers.get(wid)

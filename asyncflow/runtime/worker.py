@@ -277,6 +277,11 @@ class Worker(Loop):
         return self._final(status)
 
     # ------------------------------------------------------------------ liveness
+    @property
+    def op(self) -> str:
+        """The op it is in now ("START" before its loop): what a death report names."""
+        return self._op
+
     def enter(self, op: str) -> None:
         cpu = time.thread_time()
         self._cpu[self._op] = self._cpu.get(self._op, 0.0) + cpu - self._op_cpu
