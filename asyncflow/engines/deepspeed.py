@@ -99,7 +99,7 @@ from collections.abc import Iterable
 import torch
 
 from asyncflow.engines import torch_common as tc
-from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.engines.hf import VALUE_HEAD, HFEngine
 from asyncflow.hfdir import VALUE_HEAD_FILE
 
@@ -128,7 +128,8 @@ class DeepSpeedEngine(HFEngine):
     # its replicas form one torch.distributed group: the worker gives each the group's meeting
     # point (replica 0's node address and a free port there) and the rank's local device
     # index (asyncflow.runtime.devices: Ray's assignment is the process's only device, 0)
-    distributed = True
+    capabilities = BUILTIN_CAPABILITIES["deepspeed"]
+    distributed = capabilities.distributed  # read by the runtime until it reads capabilities
 
     def __init__(self, spec: EngineSpec):
         self.ds = None  # the deepspeed engine (train kind only)

@@ -33,7 +33,7 @@ import torch
 from asyncflow import lora
 from asyncflow.algos import loss_aggregation
 from asyncflow.engines import torch_common as tc
-from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.tokens import Text
 
 STATE_FILE = "engine_state.pt"
@@ -42,6 +42,8 @@ VALUE_HEAD = "value_head."
 
 class HFEngine:
     """A transformers causal LM as rollout, scorer and trainer (see the module docstring)."""
+
+    capabilities = BUILTIN_CAPABILITIES["hf"]
 
     def __init__(self, spec: EngineSpec):
         from asyncflow import models

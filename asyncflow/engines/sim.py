@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.tokens import Text
 
 STATE_FILE = "sim_engine.json"
@@ -167,7 +167,10 @@ def _n_rows(batch: Columns) -> int:
 class SimEngine:
     """Rollout, Scorer and Trainer that sleep for a modelled device time (module docstring)."""
 
-    uses_device = False  # no torch device (asyncflow.runtime.devices): it only sleeps
+    capabilities = BUILTIN_CAPABILITIES["sim"]
+    # no torch device (asyncflow.runtime.devices): it only sleeps; read by the runtime until it
+    # reads capabilities
+    uses_device = capabilities.uses_device
 
     def __init__(self, spec: EngineSpec):
         self.spec = spec

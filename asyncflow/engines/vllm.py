@@ -71,7 +71,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.tokens import Text
 
 VALUE_HEAD = "value_head."
@@ -89,6 +89,8 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's max_lora_rank
 
 class VLLMEngine:
     """A vLLM ``LLM`` as a rollout (see the module docstring)."""
+
+    capabilities = BUILTIN_CAPABILITIES["vllm"]
 
     def __init__(self, spec: EngineSpec):
         if spec.kind != "rollout":

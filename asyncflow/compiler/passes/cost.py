@@ -50,6 +50,7 @@ import math
 
 from asyncflow.compiler.runner import Context
 from asyncflow.costmodel import Distribution, SpecError, expected_makespan
+from asyncflow.engines.base import capabilities
 from asyncflow.plan import Estimate, Plan, TaskPlan
 
 HINT_KEYS = ("latency", "slots", "seconds_per_sample", "seconds_per_call")
@@ -77,7 +78,7 @@ def hints(task: TaskPlan) -> tuple[dict, str]:
     """The hint mapping a task's cost comes from, and its key path prefix (``cost``/``args``)."""
     if task.cost:
         return task.cost, "cost"
-    if task.engine == "sim":
+    if capabilities(task.engine, load=False).cost_args:
         return {k: v for k, v in task.args.items() if k in HINT_KEYS}, "args"
     return {}, "cost"
 

@@ -50,7 +50,7 @@ are replaced (``replace``): :func:`asyncflow.compiler.passes.scheduling`.
 The sync schedule (one :class:`SyncPlan` per sync edge): ``deferred`` when ``max_staleness`` > 0,
 ``blocking`` when it is 0; ``via`` as written (``collective`` where only ``delta`` or
 ``bucket_mb`` is), else ``collective`` where both ends run engines
-whose weights are torch tensors (``TENSOR_ENGINES``) and the backend is Ray, ``store`` otherwise
+whose weights are torch tensors (``Capabilities.tensors``) and the backend is Ray, ``store`` otherwise
 (the local backend's board hands the trainer's tensors over in memory). Worker ids are
 ``"task/replica"``; channel ids ``"src->dst"``.
 
@@ -73,7 +73,7 @@ from asyncflow.compiler.passes import (launch_groups, micro_batch, replaced, sch
                                        train_tasks_of)
 from asyncflow.compiler.passes.overlap import RANK
 from asyncflow.compiler.runner import Context
-from asyncflow.engines.base import engine_serves
+from asyncflow.engines.base import capabilities
 from asyncflow.ir import Graph, SourceNode
 from asyncflow.compiler.passes.evalplan import eval_plan, held_out
 from asyncflow import lora
@@ -157,14 +157,13 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
 def sync_via(graph: Graph, src: str, dst: str, defn, backend: str) -> str:
     """How a sync edge's weights travel (the module docstring): as written; a collective where
     only its options (``delta``, ``bucket_mb``) are written, on either backend."""
-    from asyncflow.compiler.passes.placement import TENSOR_ENGINES
-
     if defn.via:
         return defn.via
     if defn.delta or defn.bucket_mb is not None:
         return "collective"
     ends = (graph.node(src).defn.engine, graph.node(dst).defn.engine)
-    return "collective" if backend == "ray" and all(e in TENSOR_ENGINES for e in ends) else "store"
+    tensors = all(capabilities(e, load=False).tensors for e in ends)
+    return "collective" if backend == "ray" and tensors else "store"
 
 
 def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str, int],
@@ -323,9 +322,12 @@ def task_loop(g: Graph, task: str) -> str:
     if loop != "serve":
         return loop
     schedule = scheduling(g, task)["schedule"]
-    if schedule == "batch" or not engine_serves(d.engine):
+    if schedule == "batch":
         return "batches"
-    return "serve" if schedule == "queue" or (not schedule and d.engine == "sim") else "batches"
+    caps = capabilities(d.engine)  # a plug-in's is imported: only where the answer matters
+    if not caps.serves:
+        return "batches"
+    return "serve" if schedule == "queue" or (not schedule and caps.serves_unless_told) else "batches"
 
 
 def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan]):

@@ -25,13 +25,13 @@ from typing import Any
 
 import networkx as nx
 
-from asyncflow.argtable import (ENGINE_ARGS, ENGINE_RUNS, Arg, declared_args, merged, owners,
-                                suggest)
+from asyncflow.argtable import ENGINE_ARGS, Arg, declared_args, merged, owners, suggest
 from asyncflow.datasets import DATA_SUFFIXES  # the data files a source may be
 from asyncflow.diagnostics import Diagnostics, did_you_mean
 from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Capabilities, capabilities
 from asyncflow.ir import Graph
 from asyncflow.kinds import ESTIMATORS, KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
 from asyncflow.modelsrc import is_chat
@@ -47,6 +47,13 @@ DIST_ARGS = tuple(dict.fromkeys(a.name for t in ENGINE_ARGS.values() for a in t
                                 if a.type.endswith("|dist")))
 # kinds whose args go to a user function (``fn:``), besides the compiler's
 FN_KINDS = tuple(k for k, v in KINDS.items() if v.fn_inputs)
+# a plug-in engine is not judged at check by what it carries (AF216 names built-ins only)
+TENSORS = Capabilities(tensors=True)
+
+
+def _caps(engine: str | None) -> Capabilities:
+    """An engine's capabilities as ``check`` knows them: never importing a plug-in."""
+    return capabilities(engine, load=False)
 
 
 def validate(graph: Graph, diags: Diagnostics) -> None:
@@ -190,7 +197,7 @@ def _lora(p: ast.Pipeline, d: Diagnostics) -> None:
             d.add("AF214", _at(m, "lora"), model=m.name, key="",
                   problem="is on a frozen model: nothing trains it (give it to the trained model)")
         for t in p.tasks.values():
-            if t.model == m.name and t.engine and t.engine not in lora.ENGINES + ("sim",):
+            if t.model == m.name and t.engine and not _caps(t.engine).adapters:
                 d.add("AF215", _at(t, "engine"), model=m.name, task=t.name, engine=t.engine,
                       engines=", ".join(lora.ENGINES))
 
@@ -200,9 +207,7 @@ def _sync_method(p: ast.Pipeline, d: Diagnostics) -> None:
     last two belong to a collective edge (written without ``via`` they make it one: lower's
     ``sync_via``); a collective needs both ends' weights to be torch tensors (a built-in engine
     that has none, sim, cannot take part: AF216)."""
-    from asyncflow.compiler.passes.placement import TENSOR_ENGINES
-    from asyncflow.engines.base import BUILTIN
-
+    tensors = [e for e, c in BUILTIN_CAPABILITIES.items() if c.tensors]
     for i, s in enumerate(p.sync):
         edge = dict(edge=i, src=s.src, dst=s.dst)
         given = [k for k, on in (("delta", s.delta), ("bucket_mb", s.bucket_mb is not None)) if on]
@@ -215,11 +220,11 @@ def _sync_method(p: ast.Pipeline, d: Diagnostics) -> None:
             at = _at(s, "via" if s.via else given[0])
             for name in (s.src, s.dst):
                 t = p.tasks.get(name)
-                if t is not None and t.engine in BUILTIN and t.engine not in TENSOR_ENGINES:
+                if t is not None and not BUILTIN_CAPABILITIES.get(t.engine, TENSORS).tensors:
                     d.add("AF216", at, **edge,
                           problem=f"task '{name}' runs on the {t.engine} engine, whose weights "
                                   f"are not tensors to broadcast (a collective needs "
-                                  f"{', '.join(TENSOR_ENGINES)} at both ends; use via: store)")
+                                  f"{', '.join(tensors)} at both ends; use via: store)")
 
 
 def _check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
@@ -260,7 +265,7 @@ def _check_chat_template(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Di
         return name
 
     prompts = {t.inputs[0] for t in p.tasks.values() if t.kind == "rollout" and t.inputs
-               and t.env is None and t.engine != "sim" and base(t.model) == m.name}
+               and t.env is None and _caps(t.engine).tokenizes and base(t.model) == m.name}
     for src in p.data.values():
         row = _first_row(p, src) if set(src.fields or ()) & prompts else None
         for i, f in enumerate(src.fields or ()):
@@ -326,9 +331,9 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
             if t.engine not in engines:
                 d.add("AF323", _at(t, "engine"), did_you_mean(t.engine, engines), name=t.engine,
                       known=", ".join(engines))
-            elif t.kind not in ENGINE_RUNS.get(t.engine, (t.kind,)):
+            elif not _caps(t.engine).runs_kind(t.kind):
                 d.add("AF324", _at(t, "engine"), engine=t.engine, kind=t.kind,
-                      kinds=", ".join(ENGINE_RUNS[t.engine]) + " tasks")
+                      kinds=", ".join(_caps(t.engine).runs) + " tasks")
         if t.model is not None and t.model not in p.models:
             d.add("AF310", _at(t, "model"), did_you_mean(t.model, p.models), name=t.model)
         if t.pool is not None:
@@ -340,7 +345,7 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
                 d.add("AF321", t.locs.get(key, _at(t, "pool")), task=t.name,
                       need=t.replicas * t.devices_per_replica, replicas=t.replicas,
                       dpr=t.devices_per_replica, pool=t.pool, devices=pool.devices)
-        if t.kind == "train" and t.replicas > 1 and t.engine != "deepspeed":
+        if t.kind == "train" and t.replicas > 1 and not _caps(t.engine).data_parallel:
             # a train replica trains the whole step on its own copy: two would not split the
             # rows (asyncflow.runtime.worker); deepspeed runs data parallel itself
             d.add("AF327", t.locs.get("replicas", t.loc), task=t.name, replicas=t.replicas,
