@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.compiler.runner import Context
 from asyncflow.costmodel import Distribution, SpecError, expected_makespan
 from asyncflow.engines.base import capabilities
@@ -83,10 +84,6 @@ def hints(task: TaskPlan) -> tuple[dict, str]:
     return {}, "cost"
 
 
-#: task kinds whose replica splits a call's rows over its devices (data parallel)
-DATA_PARALLEL = ("train", "logprob", "value")
-
-
 def read_hints(task: TaskPlan) -> TaskCost:
     """Parse a task's hints; raise HintError (code AF403 / AF404, key path) when one is bad.
     A data-parallel kind's ``seconds_per_sample`` comes back divided by its
@@ -114,7 +111,7 @@ def read_hints(task: TaskPlan) -> TaskCost:
             c.slots = v
         else:
             setattr(c, k, float(v))
-    if task.kind in DATA_PARALLEL and task.devices_per_replica > 1:
+    if rules_of(task.kind).device_parallel and task.devices_per_replica > 1:
         c.seconds_per_sample /= task.devices_per_replica
     return c
 
@@ -142,7 +139,7 @@ def async_time(plan: Plan, t: TaskPlan, c: TaskCost) -> float:
     """Rule 1."""
     n = _rows(plan, t)
     per_row_fn = t.fn is not None and not t.batched and t.engine is None
-    if t.kind == "train":
+    if rules_of(t.kind).trains:
         calls = _train_calls(plan, t, n)
     else:
         calls = math.ceil(n / (t.read_rows or (1 if per_row_fn else n)))
@@ -162,7 +159,7 @@ def sync_time(plan: Plan, t: TaskPlan, c: TaskCost) -> float:
     """Rule 2."""
     n = _rows(plan, t)
     per_row_fn = t.fn is not None and not t.batched and t.engine is None
-    calls = _train_calls(plan, t, n) if t.kind == "train" else (n if per_row_fn else 1)
+    calls = _train_calls(plan, t, n) if rules_of(t.kind).trains else (n if per_row_fn else 1)
     time = n * c.seconds_per_sample + calls * c.seconds_per_call
     if c.latency is not None:
         time += expected_makespan(c.latency, n, c.slots)
@@ -201,7 +198,7 @@ def estimate(plan: Plan, costs: dict[str, TaskCost]) -> Estimate:
         cands.update({f"task {k}": v for k, v in free.items()})
         for t in plan.tasks:
             c = costs[t.name]
-            if c.latency is not None and t.kind == "rollout":
+            if c.latency is not None and rules_of(t.kind).samples:
                 tail = c.latency.expected_max(min(_rows(plan, t), c.slots)) / (t.run_ahead + 1)
                 cands[f"task {t.name} (slowest sample over {t.run_ahead + 1} steps)"] = tail
         bottleneck, step = max(cands.items(), key=lambda kv: kv[1], default=("", 0.0))

@@ -69,6 +69,7 @@ from __future__ import annotations
 import math
 
 from asyncflow import kinds
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.compiler.passes import (launch_groups, micro_batch, replaced, scheduling, topo_order,
                                        train_tasks_of)
 from asyncflow.compiler.passes.overlap import RANK
@@ -130,7 +131,7 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
     d = graph.node(task).defn
     k = kinds.KINDS[d.kind]
     gran, unit = max(grans or [("sample", 1)], key=lambda x: RANK[x[0]])
-    if d.kind == "rollout" and scheduling(graph, task)["schedule"] == "queue":
+    if scheduling(graph, task)["schedule"] == "queue":  # a kind that takes it: rollout
         gran, unit = "sample", 1  # rule 6: every sample its own request
     if k.loop == "train":  # in order, fixed size: micro-batches (or the step barrier)
         rows = min(sps, graph.meta(task).get("read_rows", 0) or sps)
@@ -141,7 +142,7 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
         return {"granularity": "step", "rows": sps, "unit": sps, "min_rows": sps, "repeat": 1}
     args = d.args or {}
     batch = int(args.get("batch_size", 0) or 0) or sps
-    if d.kind == "rollout":
+    if rules_of(d.kind).samples:  # a rollout engine's slots
         batch = int(args.get("slots", 0) or 0) or batch
     out = {"granularity": gran, "rows": batch, "unit": 1, "min_rows": 1, "repeat": 0}
     if gran == "group" and spp > 1:
@@ -335,15 +336,15 @@ def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan]):
     worker of ``task`` does (its loop, the primary trainer, the gate's alphas, ...)."""
     p = g.pipeline
     defs = {n: g.node(n).defn for n in order if not isinstance(g.node(n), SourceNode)}
-    trainers = [n for n, d in defs.items() if d.kind == "train"]
+    trainers = [n for n, d in defs.items() if rules_of(d.kind).trains]
     srcs = [s.src for s in syncs if s.src in trainers]
     primary = (srcs or trainers or [None])[0]
     launch = launch_groups(g) or p.step.prompts_per_step
     first_ready = any(scheduling(g, n)["consume"] == "first_ready" for n in defs)
-    reward = next((f for n in sorted(defs, key=lambda n: defs[n].kind != "reward")
+    reward = next((f for n in sorted(defs, key=lambda n: not rules_of(defs[n].kind).rewards)
                    for f, r in g.meta(n).get("bind_out", []) if r == "reward"), None)
     temperature = next((float(d.args["temperature"]) for d in defs.values()
-                        if d.kind == "rollout" and "temperature" in (d.args or {})), 1.0)
+                        if rules_of(d.kind).samples and "temperature" in (d.args or {})), 1.0)
 
     def settings(task: str, d, ops: list[Op]) -> dict:
         loop = task_loop(g, task)

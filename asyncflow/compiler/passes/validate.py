@@ -26,14 +26,16 @@ from typing import Any
 import networkx as nx
 
 from asyncflow.argtable import ENGINE_ARGS, Arg, declared_args, merged, owners, suggest
+from asyncflow.compiler.kinds import SyncFacts, rules_of
+from asyncflow.compiler.kinds.base import at as _at
 from asyncflow.datasets import DATA_SUFFIXES  # the data files a source may be
 from asyncflow.diagnostics import Diagnostics, did_you_mean
 from asyncflow.dsl import ast
 from asyncflow.dsl.build import REF_RE
 from asyncflow.dsl.loc import SourceLoc
-from asyncflow.engines.base import BUILTIN_CAPABILITIES, Capabilities, capabilities
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Capabilities, capabilities, engine_names
 from asyncflow.ir import Graph
-from asyncflow.kinds import ESTIMATORS, KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
+from asyncflow.kinds import KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
 from asyncflow.modelsrc import is_chat
 from asyncflow.refs import (find_file, find_module, function_params, search_path,
                             top_level_names)
@@ -45,8 +47,6 @@ NEEDS_OUTPUTS = tuple(k for k, v in KINDS.items() if v.needs_outputs)
 # latency and lengths, and a rollout's per-row length cap (long-tailed response lengths)
 DIST_ARGS = tuple(dict.fromkeys(a.name for t in ENGINE_ARGS.values() for a in t
                                 if a.type.endswith("|dist")))
-# kinds whose args go to a user function (``fn:``), besides the compiler's
-FN_KINDS = tuple(k for k, v in KINDS.items() if v.fn_inputs)
 # a plug-in engine is not judged at check by what it carries (AF216 names built-ins only)
 TENSORS = Capabilities(tensors=True)
 
@@ -70,11 +70,6 @@ def validate(graph: Graph, diags: Diagnostics) -> None:
     _eval(p, diags)
 
 
-def _at(defn: Any, key: str) -> SourceLoc:
-    """Where ``key`` of ``defn`` is written, else where ``defn`` itself is."""
-    return defn.locs.get(key, defn.loc)
-
-
 def _broken(d: Diagnostics, defn: Any, key: str) -> bool:
     """Whether an earlier error points into ``key`` of ``defn`` (its value was dropped)."""
     loc = defn.locs.get(key)
@@ -83,10 +78,6 @@ def _broken(d: Diagnostics, defn: Any, key: str) -> bool:
     end = (loc.end_line, loc.end_col) if loc.end_line else (loc.line, loc.col)
     return any(x.loc is not None and x.loc.file == loc.file
                and (loc.line, loc.col) <= (x.loc.line, x.loc.col) <= end for x in d.errors)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # -- 1. data flow -------------------------------------------------------------------------------
@@ -264,7 +255,7 @@ def _check_chat_template(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Di
             name = p.models[name].copy_of
         return name
 
-    prompts = {t.inputs[0] for t in p.tasks.values() if t.kind == "rollout" and t.inputs
+    prompts = {t.inputs[0] for t in p.tasks.values() if rules_of(t.kind).samples and t.inputs
                and t.env is None and _caps(t.engine).tokenizes and base(t.model) == m.name}
     for src in p.data.values():
         row = _first_row(p, src) if set(src.fields or ()) & prompts else None
@@ -302,11 +293,9 @@ def _first_row(p: ast.Pipeline, src: ast.DataDef) -> dict | None:
 
 # -- 3. tasks -------------------------------------------------------------------------------------
 def _tasks(graph: Graph, d: Diagnostics) -> None:
-    from asyncflow.algos import ESTIMATORS, LOSSES
-    from asyncflow.engines.base import engine_names
-
     p = graph.pipeline
     engines = engine_names()
+    unsplittable = _unsplittable(p)
     trainers: dict[str, list[ast.TaskDef]] = {}
     for t in p.tasks.values():
         required, optional = KEYS[t.kind]
@@ -345,47 +334,23 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
                 d.add("AF321", t.locs.get(key, _at(t, "pool")), task=t.name,
                       need=t.replicas * t.devices_per_replica, replicas=t.replicas,
                       dpr=t.devices_per_replica, pool=t.pool, devices=pool.devices)
-        if t.kind == "train" and t.replicas > 1 and not _caps(t.engine).data_parallel:
-            # a train replica trains the whole step on its own copy: two would not split the
-            # rows (asyncflow.runtime.worker); deepspeed runs data parallel itself
-            d.add("AF327", t.locs.get("replicas", t.loc), task=t.name, replicas=t.replicas,
-                  engine=t.engine)
-        elif t.kind == "train" and isinstance(t.replicas, int) and t.replicas > 1:
-            # the replicas split each step by group (lower rule 8): the step's groups must be
-            # fixed in advance, not chosen as they become ready
-            why = _unsplittable(p)
-            if why:
-                d.add("AF328", t.locs.get("replicas", t.loc), task=t.name,
-                      replicas=t.replicas, why=why)
-        if t.estimator is not None and t.kind == "advantage":
-            _estimator(graph, t, ESTIMATORS, d)
-        if t.loss is not None and t.kind == "train" and t.loss not in LOSSES:
-            d.add("AF331", _at(t, "loss"), did_you_mean(t.loss, LOSSES), name=t.loss,
-                  known=", ".join(LOSSES))
+        rules_of(t.kind).check_task(p, t, d, unsplittable)
         for key in ("fn", "env"):
             if getattr(t, key) is not None and key in required + optional:
                 _check_ref(p, getattr(t, key), key, _at(t, key), d)
-        if t.kind == "train" and t.model in p.models:
+        if rules_of(t.kind).trains and t.model in p.models:
             trainers.setdefault(t.model, []).append(t)
     used_pools = {t.pool for t in p.tasks.values()}
     for pool in p.pools.values():
         if pool.name not in used_pools:
             d.add("AF322", pool.loc, pool=pool.name)
-    if not any(t.kind == "train" for t in p.tasks.values()):
+    if not any(rules_of(t.kind).trains for t in p.tasks.values()):
         d.add("AF363", p.locs.get("tasks", p.loc))
     _trainers(p, trainers, LOSSES, d)
 
 
-def _estimator(graph: Graph, t: ast.TaskDef, estimators: dict, d: Diagnostics) -> None:
-    info = estimators.get(t.estimator)
-    if info is None:
-        d.add("AF330", _at(t, "estimator"), did_you_mean(t.estimator, estimators), name=t.estimator,
-              known=", ".join(estimators))
-        return
-
-
 def _trainers(p: ast.Pipeline, trainers: dict, losses: dict, d: Diagnostics) -> None:
-    critics = {t.model for t in p.tasks.values() if t.kind == "value"}
+    critics = {t.model for t in p.tasks.values() if rules_of(t.kind).critic}
     for model, ts in trainers.items():
         if p.models[model].frozen:
             for t in ts:
@@ -521,7 +486,7 @@ def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
             continue
         seen.add((s.src, s.dst))
         src, dst = p.tasks[s.src], p.tasks[s.dst]
-        if src.kind != "train":
+        if not rules_of(src.kind).trains:
             d.add("AF351", _at(s, "src"), task=src.name, kind=src.kind)
             continue
         synced.add((src.name, dst.name))
@@ -538,14 +503,14 @@ def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
                   problem=f"it uses model '{dst.model}', not '{src.model}' that '{src.name}' trains")
     trainer = {}
     for t in p.tasks.values():
-        if t.kind == "train" and t.model in p.models and not p.models[t.model].frozen:
+        if rules_of(t.kind).trains and t.model in p.models and not p.models[t.model].frozen:
             trainer.setdefault(t.model, t.name)
     # (trainer's model, receiving task) pairs that a sync edge connects: one pass, not one per task
     synced_models = {(p.tasks[a].model, b) for a, b in synced
-                     if a in p.tasks and p.tasks[a].kind == "train"}
+                     if a in p.tasks and rules_of(p.tasks[a].kind).trains}
     for t in p.tasks.values():
         tr = trainer.get(t.model)
-        if tr is None or t.kind == "train" or "model" not in KEYS[t.kind][0]:
+        if tr is None or rules_of(t.kind).trains or "model" not in KEYS[t.kind][0]:
             continue
         if (t.model, t.name) not in synced_models:
             d.add("AF354", _at(t, "model"),
@@ -569,7 +534,7 @@ def _batch(p: ast.Pipeline, d: Diagnostics) -> None:
         mb = t.args.get("micro_batch")
         if not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1) or "micro_batch" in unknown:
             continue
-        reps = t.replicas if t.kind == "train" else 1
+        reps = t.replicas if rules_of(t.kind).trains else 1  # a trainer's replicas split a step
         unit = mb * reps
         if total % unit:
             what = f"micro_batch {mb}" if reps == 1 else f"replicas x micro_batch = {reps} x {mb} = {unit}"
@@ -593,8 +558,6 @@ def _args(p: ast.Pipeline, t: ast.TaskDef, d: Diagnostics, plugins: dict) -> set
     engine_args = None
     checked = True  # whether every owner is known, so an arg none declares is unknown
     if engine is not None and engine not in ENGINE_ARGS:
-        from asyncflow.engines.base import engine_names
-
         target = engine_names().get(engine)
         if target is None:  # AF323 already
             checked = False
@@ -607,12 +570,11 @@ def _args(p: ast.Pipeline, t: ast.TaskDef, d: Diagnostics, plugins: dict) -> set
                 checked = False
             else:
                 engine_args = plugins[engine]
-    if (t.kind == "train" and t.loss not in LOSSES) or (
-            t.kind == "advantage" and t.estimator not in ESTIMATORS):
+    if not rules_of(t.kind).args_known(t):
         checked = False  # AF331 / AF330 / AF325 already
     table = owners(t.kind, engine, t.loss, t.estimator, engine_args)
     known = merged(table)
-    fn_key = "fn" if t.kind in FN_KINDS else ("env" if t.kind == "rollout" and t.env else None)
+    fn_key = rules_of(t.kind).fn_key(t)
     ref = getattr(t, fn_key) if fn_key else None
     params = function_params(ref, _bases(p)) if ref else None
     fn_open = ref is not None and (params is None or params.var_keyword)
@@ -639,7 +601,7 @@ def _args(p: ast.Pipeline, t: ast.TaskDef, d: Diagnostics, plugins: dict) -> set
                                if n not in known]
         hint = suggest(key, names) or (f"it takes: {', '.join(names)}" if names
                                        else "it takes no args")
-        if t.kind in FN_KINDS and ref is not None:
+        if fn_key == "fn" and ref is not None:
             d.add("AF212", loc, hint, key=key, task=t.name, fn=ref)
             continue
         whose = [who for who, args in table if args]
@@ -677,16 +639,8 @@ def _shown(v: Any) -> str:
 def _unsplittable(p: ast.Pipeline) -> str | None:
     """Why a data-parallel trainer's steps cannot be split between its replicas in advance
     (lower rule 8), if they cannot: a step's rows are chosen as they become ready."""
-    from asyncflow.kinds import SCHED
-
-    for u in p.tasks.values():
-        if u.kind == "train" and u.consume == "first_ready":
-            return f"train task '{u.name}' consumes first_ready"
-        if u.kind == "rollout" and _is_num(u.redundancy) and u.redundancy > 1:
-            return f"rollout '{u.name}' has redundancy {u.redundancy:g}"
-        if u.kind == "filter" and (u.refill if u.refill is not None else SCHED["refill"].default):
-            return f"filter '{u.name}' refills the groups it drops"
-    return None
+    return next((why for u in p.tasks.values() if (why := rules_of(u.kind).unsplittable(u))),
+                None)
 
 
 # -- 7. scheduling keys ---------------------------------------------------------------------------
@@ -694,37 +648,14 @@ def _scheduling(p: ast.Pipeline, d: Diagnostics) -> None:
     """What a scheduling key written in the source does here: the ones that can do nothing are
     warned about (AF380-AF383). Keys on a kind that does not take them are rule 3's AF326."""
     trained = {t.model for t in p.tasks.values()
-               if t.kind == "train" and t.model in p.models and not p.models[t.model].frozen}
-    synced = {s.dst for s in p.sync if s.src in p.tasks and p.tasks[s.src].kind == "train"}
+               if rules_of(t.kind).trains and t.model in p.models and not p.models[t.model].frozen}
+    synced = {s.dst for s in p.sync if s.src in p.tasks and rules_of(p.tasks[s.src].kind).trains}
     alpha: dict[str, int] = {}  # train task -> the largest max_staleness of its sync edges
     for s in p.sync:
         alpha[s.src] = max(alpha.get(s.src, 0), s.max_staleness)
-    sps = p.step.samples_per_step
+    facts = SyncFacts(frozenset(trained), frozenset(synced), alpha, p.step.samples_per_step)
     for t in p.tasks.values():
-        if t.kind == "rollout":
-            if t.on_update is not None and t.name not in synced:
-                d.add("AF380", _at(t, "on_update"), value=t.on_update, task=t.name,
-                      why="no sync edge brings it new weights")
-            elif t.on_update in ("abort", "continue") and t.schedule == "batch":
-                d.add("AF380", _at(t, "on_update"),
-                      "drop on_update, or use schedule: queue", value=t.on_update, task=t.name,
-                      why="with schedule: batch it takes up new weights between engine calls, "
-                          "when no sample is in flight")
-            if _is_num(t.redundancy) and t.redundancy > 1 and t.model not in trained:
-                why = (f"its model '{t.model}' is not trained, and a step launches extra groups "
-                       "only for the rollouts on a trained model" if trained
-                       else "no train task updates a model, so a step launches no extra groups")
-                d.add("AF381", _at(t, "redundancy"), value=f"{t.redundancy:g}", task=t.name, why=why)
-        elif t.kind == "train":
-            if t.consume == "first_ready" and alpha.get(t.name, 0) == 0:
-                d.add("AF382", _at(t, "consume"), "raise the sync edge's max_staleness, or drop "
-                      "consume", task=t.name)
-            mb = t.args.get("micro_batch")
-            if t.stream is True and (mb is None or (isinstance(mb, int) and not isinstance(mb, bool)
-                                                    and mb >= sps)):
-                why = ("it has no args.micro_batch, so a step is one micro-batch" if mb is None
-                       else f"micro_batch {mb} is the whole step ({sps} samples)")
-                d.add("AF383", _at(t, "stream"), task=t.name, why=why)
+        rules_of(t.kind).check_scheduling(t, facts, d)
 
 
 def _distribution_problem(v: Any) -> str | None:
