@@ -8,45 +8,37 @@ at once. The rules, in the order they run (codes in :mod:`asyncflow.diagnostics.
 2. models: init or copy_of, no copy cycle, not trained when frozen, one trainer each (AF31x);
 3. tasks: the keys each kind needs and takes, engine/pool/estimator/loss names, pool sizes,
    the critic (AF32x, AF33x);
-4. ``module:function`` references and files resolve -- found and parsed, never imported (AF34x);
+4. ``module:function`` references and files resolve -- found and parsed, never imported (AF34x;
+   :mod:`asyncflow.compiler.passes.validate_refs`);
 5. weight sync: from a train task to a task on the same model, every user of a trained model
    gets one (AF35x);
-6. batch arithmetic and the known task ``args`` (AF36x);
+6. batch arithmetic and the known task ``args`` (AF36x;
+   :mod:`asyncflow.compiler.passes.validate_args`);
 7. scheduling keys: what each one means in this pipeline (AF38x; which kinds take them is rule
    3's AF326, their values the builder's AF205/AF206/AF202);
 8. the ``eval:`` section: its source, rollout, metric and fields (AF384-AF389; the rules are
    :mod:`asyncflow.compiler.passes.evalplan`'s).
+
+A kind's own checks (rules 3 and 7) are its rules' hooks (:mod:`asyncflow.compiler.kinds`).
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
-from asyncflow.argtable import ENGINE_ARGS, Arg, declared_args, merged, owners, suggest
 from asyncflow.compiler.kinds import SyncFacts, rules_of
 from asyncflow.compiler.kinds.base import at as _at
-from asyncflow.datasets import DATA_SUFFIXES  # the data files a source may be
+from asyncflow.compiler.passes.validate_args import KEYS, check_batch
+from asyncflow.compiler.passes.validate_refs import check_init, check_ref, check_source
 from asyncflow.diagnostics import Diagnostics, did_you_mean
 from asyncflow.dsl import ast
-from asyncflow.dsl.build import REF_RE
-from asyncflow.dsl.loc import SourceLoc
 from asyncflow.engines.base import BUILTIN_CAPABILITIES, Capabilities, capabilities, engine_names
 from asyncflow.ir import Graph
 from asyncflow.kinds import KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
-from asyncflow.modelsrc import is_chat
-from asyncflow.refs import (find_file, find_module, function_params, search_path,
-                            top_level_names)
 
-# the keys each kind needs and takes, and which kinds must write something: the kinds table
-KEYS = {k: (v.needs, v.takes) for k, v in KINDS.items()}
+# the kinds that must write something: the kinds table
 NEEDS_OUTPUTS = tuple(k for k, v in KINDS.items() if v.needs_outputs)
-# task args that may be a number or a distribution ({dist: ..., seed: ...}): the sim engine's
-# latency and lengths, and a rollout's per-row length cap (long-tailed response lengths)
-DIST_ARGS = tuple(dict.fromkeys(a.name for t in ENGINE_ARGS.values() for a in t
-                                if a.type.endswith("|dist")))
 # a plug-in engine is not judged at check by what it carries (AF216 names built-ins only)
 TENSORS = Capabilities(tensors=True)
 
@@ -62,10 +54,10 @@ def validate(graph: Graph, diags: Diagnostics) -> None:
     _dataflow(graph, diags, clean=not diags.errors)
     _models(p, diags)
     for src in p.data.values():
-        _check_source(p, src, diags)
+        check_source(p, src, diags)
     _tasks(graph, diags)
     _sync(p, diags)
-    _batch(p, diags)
+    check_batch(p, diags)
     _scheduling(p, diags)
     _eval(p, diags)
 
@@ -152,7 +144,7 @@ def _models(p: ast.Pipeline, d: Diagnostics) -> None:
         if m.copy_of is not None and m.copy_of not in p.models:
             d.add("AF310", _at(m, "copy_of"), did_you_mean(m.copy_of, p.models), name=m.copy_of)
         if m.init is not None:
-            _check_init(p, m, d)
+            check_init(p, m, d)
     reported: set[str] = set()
     for m in p.models.values():  # copy_of chains
         chain = [m.name]
@@ -218,79 +210,6 @@ def _sync_method(p: ast.Pipeline, d: Diagnostics) -> None:
                                   f"{', '.join(tensors)} at both ends; use via: store)")
 
 
-def _check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
-    """Where the model comes from, by the rule ``compile`` and ``run`` use
-    (:func:`asyncflow.modelsrc.locate`: module:factory, a directory beside the pipeline or in
-    the CWD, a hub id in the Hugging Face cache): AF340-AF342, AF344, AF345, AF347; then chat
-    prompts its tokenizer cannot render (AF346)."""
-    from asyncflow.modelsrc import SourceError, locate
-
-    v = m.init
-    loc = _at(m, "init")
-    if REF_RE.match(v):
-        _check_ref(p, v, "init", loc, d)
-        return
-    try:
-        src = locate(v, _bases(p))
-    except SourceError as e:
-        d.add(e.code, loc, **{"model": m.name, "value": v, **e.fields})
-        return
-    if src.path:
-        _check_chat_template(p, m, src.path, d)
-
-
-def _check_chat_template(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnostics) -> None:
-    """AF346: a rollout on model ``m`` (or a copy of it) whose prompt field holds chat messages
-    in the first row of a .jsonl/.json data file, while the tokenizer saved in ``directory`` has
-    no chat template. Reads files only (no torch, no transformers)."""
-    from asyncflow.modelsrc import has_chat_template
-
-    if has_chat_template(directory) is not False:
-        return
-
-    def base(name: str | None) -> str | None:
-        seen = set()
-        while name in p.models and p.models[name].copy_of and name not in seen:
-            seen.add(name)
-            name = p.models[name].copy_of
-        return name
-
-    prompts = {t.inputs[0] for t in p.tasks.values() if rules_of(t.kind).samples and t.inputs
-               and t.env is None and _caps(t.engine).tokenizes and base(t.model) == m.name}
-    for src in p.data.values():
-        row = _first_row(p, src) if set(src.fields or ()) & prompts else None
-        for i, f in enumerate(src.fields or ()):
-            if f in prompts and row is not None and is_chat(row.get(f)):
-                d.add("AF346", _at(src, f"fields.{i}"),
-                      "give the tokenizer a chat template (tokenizer.chat_template = ...; "
-                      "tokenizer.save_pretrained(dir)), or store the prompts as strings",
-                      field=f, source=src.name, model=m.name, path=directory)
-
-
-def _first_row(p: ast.Pipeline, src: ast.DataDef) -> dict | None:
-    """The first row of a data source's .jsonl or .json file, or None when it cannot be read
-    cheaply (a factory, another format, a broken file: the data checks report those)."""
-    import json
-
-    v = src.source
-    if not isinstance(v, str) or not v.lower().endswith((".jsonl", ".json")):
-        return None
-    path = _find_file(p, v)
-    if path is None or not path.is_file():
-        return None
-    try:
-        with open(path) as f:
-            if v.lower().endswith(".jsonl"):
-                line = next((ln for ln in f if ln.strip()), None)
-                row = json.loads(line) if line else None
-            else:
-                rows = json.load(f)
-                row = rows[0] if isinstance(rows, list) and rows else None
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return row if isinstance(row, dict) else None
-
-
 # -- 3. tasks -------------------------------------------------------------------------------------
 def _tasks(graph: Graph, d: Diagnostics) -> None:
     p = graph.pipeline
@@ -337,7 +256,7 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
         rules_of(t.kind).check_task(p, t, d, unsplittable)
         for key in ("fn", "env"):
             if getattr(t, key) is not None and key in required + optional:
-                _check_ref(p, getattr(t, key), key, _at(t, key), d)
+                check_ref(p, getattr(t, key), key, _at(t, key), d)
         if rules_of(t.kind).trains and t.model in p.models:
             trainers.setdefault(t.model, []).append(t)
     used_pools = {t.pool for t in p.tasks.values()}
@@ -368,105 +287,6 @@ def _trainers(p: ast.Pipeline, trainers: dict, losses: dict, d: Diagnostics) -> 
             elif not info.critic and model in critics:
                 d.add("AF333", _at(t, "loss"), task=t.name, loss=t.loss, model=model,
                       problem="which a value task uses as its critic: train a critic with loss 'value'")
-
-
-# -- 4. references and files ----------------------------------------------------------------------
-def _bases(p: ast.Pipeline) -> list[str]:
-    """Where relative paths and local modules are looked up, as ``run`` looks: the pipeline's
-    directory, the CWD (:func:`asyncflow.refs.search_path`)."""
-    return search_path(p.path or None)
-
-
-def _find_file(p: ast.Pipeline, v: str) -> Path | None:
-    return find_file(v, _bases(p))
-
-
-def _where(p: ast.Pipeline, v: str) -> str:
-    if Path(v).expanduser().is_absolute():
-        return "the file system"
-    return " and ".join(str(b) for b in _bases(p))
-
-
-def _check_ref(p: ast.Pipeline, ref: str, key: str, loc: SourceLoc, d: Diagnostics) -> None:
-    module, _, attr = ref.partition(":")
-    spec = find_module(module, _bases(p))
-    if spec is None:
-        d.add("AF340", loc, f"not found on sys.path nor in {_where(p, 'x')}", module=module, key=key,
-              ref=ref)
-        return
-    names = top_level_names(spec)
-    top = attr.split(".")[0]
-    if names is None or top in names:
-        return
-    if spec.submodule_search_locations and find_module(f"{module}.{top}", []) is not None:
-        return
-    if isinstance(names, SyntaxError):
-        d.add("AF341", loc, f"the module does not parse (line {names.lineno}: {names.msg})",
-              module=module, attr=top, key=key, ref=ref)
-        return
-    d.add("AF341", loc, did_you_mean(top, [n for n in names if not n.startswith("_")]),
-          module=module, attr=top, key=key, ref=ref)
-
-
-
-
-def _check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
-    """A data source is found as ``run`` reads it (:func:`asyncflow.runtime.data.read_source`):
-    a ``module:function``, a directory (``save_to_disk``'s or ``load_dataset``'s), a .jsonl,
-    .json or .parquet file, or a hub data set ``org/name[@revision]``; ``split:`` only where the
-    source has splits, and one it has where that is cheap to know (AF390)."""
-    from asyncflow import datasets
-
-    loc = _at(src, "source")
-    v = src.source
-    if not isinstance(v, str):
-        return
-    bad_split = lambda problem, hint=None: d.add("AF390", _at(src, "split"), hint,  # noqa: E731
-                                                 source=src.name, problem=problem)
-    found = None if REF_RE.match(v) else _find_file(p, v)
-    if REF_RE.match(v):
-        _check_ref(p, v, "source", loc, d)
-        if src.split is not None:
-            bad_split('split applies to a data set directory or a hub data set; a "module:function" '
-                      "source returns its rows (choose them with its args)")
-    elif found is not None and found.is_dir():
-        _check_data_dir(src, v, found, d, bad_split)
-    elif v.lower().endswith(DATA_SUFFIXES):
-        if found is None:
-            d.add("AF342", loc, key="source", path=v, where=_where(p, v))
-        if src.split is not None:
-            bad_split(f"a {Path(v).suffix} file has no splits (split applies to a data set "
-                      "directory or a hub data set): drop it, or keep each split in its own file")
-    elif found is None and datasets.HUB_DATA_ID.match(v):
-        repo, rev = datasets.HUB_DATA_ID.match(v).group("repo", "rev")
-        if datasets.offline() and not datasets.hub_cached(repo, rev):
-            caches = " nor ".join(str(c) for c in datasets.hub_caches())
-            d.add("AF342", loc, key="source", path=v,
-                  where=f"{_where(p, v)}; as a hub data set, not in the Hugging Face cache ({caches}) "
-                        "and HF_HUB_OFFLINE is set, so nothing is downloaded")
-    elif found is None and ("/" in v or v.startswith((".", "~"))):
-        d.add("AF342", loc, key="source", path=v, where=_where(p, v))
-    else:
-        d.add("AF343", loc, source=src.name, value=v)
-
-
-def _check_data_dir(src: ast.DataDef, v: str, found: Path, d: Diagnostics, bad_split) -> None:
-    from asyncflow import datasets
-
-    splits = datasets.saved_splits(found)
-    if splits is None:  # not save_to_disk's: load_dataset's data files (split names not cheap)
-        if not datasets.has_data_files(found):
-            d.add("AF391", _at(src, "source"), source=src.name, path=v)
-        return
-    if src.split is None:
-        if len(splits) > 1:
-            d.add("AF390", _at(src, "source"), source=src.name,
-                  problem=f"'{v}' holds the splits {', '.join(splits)}: say which with `split:`")
-        return
-    base = src.split.split("[")[0]  # train[:100]: a slice of a split
-    if base not in splits:
-        has = f"its splits are {', '.join(splits)}" if splits else "it is one data set with no split names"
-        bad_split(f"'{v}' has no split '{base}': {has}", did_you_mean(base, splits))
 
 
 # -- 5. weight sync -------------------------------------------------------------------------------
@@ -519,123 +339,6 @@ def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
                   task=t.name, model=t.model, trainer=tr)
 
 
-# -- 6. batches and args --------------------------------------------------------------------------
-def _batch(p: ast.Pipeline, d: Diagnostics) -> None:
-    total = p.step.samples_per_step
-    plugins: dict[str, tuple[Arg, ...] | str] = {}  # plug-in engine -> its ARGS, or why none
-    for t in p.tasks.values():
-        unknown = _args(p, t, d, plugins)
-        for section, key in [("args", k) for k in DIST_ARGS if k not in unknown]:
-            spec = getattr(t, section).get(key)
-            problem = _distribution_problem(spec) if spec is not None else None
-            if problem:
-                d.add("AF362", _at(t, f"{section}.{key}"), key=f"{section}.{key}", task=t.name,
-                      problem=problem)
-        mb = t.args.get("micro_batch")
-        if not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1) or "micro_batch" in unknown:
-            continue
-        reps = t.replicas if rules_of(t.kind).trains else 1  # a trainer's replicas split a step
-        unit = mb * reps
-        if total % unit:
-            what = f"micro_batch {mb}" if reps == 1 else f"replicas x micro_batch = {reps} x {mb} = {unit}"
-            divs = [str(k) for k in range(1, total + 1) if total % (k * reps) == 0][:12]
-            d.add("AF360", _at(t, "args.micro_batch"),
-                  f"micro_batch values that fit: {', '.join(divs)}", total=total, what=what, task=t.name)
-
-
-def _args(p: ast.Pipeline, t: ast.TaskDef, d: Diagnostics, plugins: dict) -> set[str]:
-    """Every arg of ``t`` is declared by one of its owners (:func:`asyncflow.argtable.owners`:
-    its engine for its kind, its loss or estimator, the compiler) or accepted by its user
-    function (``fn:``, or a rollout's ``env:`` factory, read from source; a function that takes
-    ``**kwargs`` or cannot be read accepts anything), and a declared one has its type (AF211)
-    and bounds (AF361). An unknown arg is AF210, one a function does not take AF212. A plug-in
-    engine without a readable ``ARGS`` leaves its tasks unchecked (AF213, once per engine).
-    Returns the args reported (unknown, or of a wrong type or value)."""
-    if not t.args:
-        return set()
-    takes = KEYS[t.kind][0] + KEYS[t.kind][1]
-    engine = t.engine if "engine" in takes else None
-    engine_args = None
-    checked = True  # whether every owner is known, so an arg none declares is unknown
-    if engine is not None and engine not in ENGINE_ARGS:
-        target = engine_names().get(engine)
-        if target is None:  # AF323 already
-            checked = False
-        else:
-            if engine not in plugins:
-                plugins[engine] = declared_args(target, _bases(p))
-                if isinstance(plugins[engine], str):
-                    d.add("AF213", _at(t, "engine"), engine=engine, why=plugins[engine])
-            if isinstance(plugins[engine], str):
-                checked = False
-            else:
-                engine_args = plugins[engine]
-    if not rules_of(t.kind).args_known(t):
-        checked = False  # AF331 / AF330 / AF325 already
-    table = owners(t.kind, engine, t.loss, t.estimator, engine_args)
-    known = merged(table)
-    fn_key = rules_of(t.kind).fn_key(t)
-    ref = getattr(t, fn_key) if fn_key else None
-    params = function_params(ref, _bases(p)) if ref else None
-    fn_open = ref is not None and (params is None or params.var_keyword)
-    unknown: set[str] = set()
-    for key, v in t.args.items():
-        vloc = _at(t, f"args.{key}")
-        loc = _key_at(d, vloc, key)
-        a = known.get(key)
-        if a is not None:
-            found = a.problem(v)
-            if found:  # a wrong type at the key (up to the value's end), a bound at the value
-                code, expected = found
-                if code == "AF211" and loc != vloc:
-                    loc = SourceLoc(loc.file, loc.line, loc.col, vloc.end_line or vloc.line,
-                                    vloc.end_col or vloc.col)
-                d.add(code, loc if code == "AF211" else vloc, key=key, task=t.name,
-                      expected=expected, got=_shown(v))
-                unknown.add(key)  # reported: not again as a distribution (AF362)
-            continue
-        if fn_open or not checked or (params is not None and params.accepts(key)):
-            continue
-        unknown.add(key)
-        names = list(known) + [n for n in (params.positional + params.keyword_only if params else ())
-                               if n not in known]
-        hint = suggest(key, names) or (f"it takes: {', '.join(names)}" if names
-                                       else "it takes no args")
-        if fn_key == "fn" and ref is not None:
-            d.add("AF212", loc, hint, key=key, task=t.name, fn=ref)
-            continue
-        whose = [who for who, args in table if args]
-        if ref is not None:
-            whose.append(f"the parameters of env {ref}")
-        d.add("AF210", loc, hint, key=key, task=t.name,
-              owners=", ".join(whose[:-1]) + (" nor " if len(whose) > 1 else "") + whose[-1]
-              if whose else "nothing: it takes no args")
-    return unknown
-
-
-def _key_at(d: Diagnostics, loc: SourceLoc, key: str) -> SourceLoc:
-    """Where ``key`` is written before its value at ``loc`` (``key: v`` in YAML, ``key=v`` in the
-    DSL and in ``--set``), on the value's line; the value's place when the key is elsewhere."""
-    text = d.sources.line(loc) if loc.line else None
-    if not text:
-        return loc
-    hits = [m for m in re.finditer(rf"(?<![\w-])['\"]?({re.escape(key)})['\"]?\s*[:=]", text)
-            if m.end() <= loc.col - 1 + 1]
-    if not hits:
-        return loc
-    col = hits[-1].start(1) + 1
-    return SourceLoc(loc.file, loc.line, col, loc.line, col + len(key))
-
-
-def _shown(v: Any) -> str:
-    """A value as a message shows it: numbers, strings, bools and null by value, else its type."""
-    if v is None or isinstance(v, (int, float, str, bool)):
-        return repr(v)
-    if isinstance(v, list):
-        return f"a list of {len(v)}"
-    return "a mapping" if isinstance(v, dict) else type(v).__name__
-
-
 def _unsplittable(p: ast.Pipeline) -> str | None:
     """Why a data-parallel trainer's steps cannot be split between its replicas in advance
     (lower rule 8), if they cannot: a step's rows are chosen as they become ready."""
@@ -658,22 +361,6 @@ def _scheduling(p: ast.Pipeline, d: Diagnostics) -> None:
         rules_of(t.kind).check_scheduling(t, facts, d)
 
 
-def _distribution_problem(v: Any) -> str | None:
-    """What is wrong with a latency spec (a number of seconds or a distribution), if anything:
-    the one reading the sim engine and the cost model share (:mod:`asyncflow.costmodel`)."""
-    from asyncflow.costmodel import DISTS, Distribution
-
-    if isinstance(v, dict) and "dist" in v and not isinstance(v["dist"], str):
-        return f"'dist' must be one of {', '.join(DISTS)}, not {v['dist']!r}"
-    try:
-        Distribution.from_spec(v)
-    except ValueError as exc:
-        return str(exc)
-    except TypeError:  # a value of a type the spec reader does not expect
-        return "not a number of seconds nor a distribution {dist: NAME, ...}"
-    return None
-
-
 __all__ = ["validate"]
 
 
@@ -691,7 +378,7 @@ def _eval(p: ast.Pipeline, d: Diagnostics) -> None:
     for code, key, fmt in resolve(p).problems:
         d.add(code, _at(e, key) if key else e.loc, **fmt)
     if e.fn is not None:
-        _check_ref(p, e.fn, "fn", _at(e, "fn"), d)
+        check_ref(p, e.fn, "fn", _at(e, "fn"), d)
     if e.every is not None and e.every > p.step.steps:
         d.add("AF388", _at(e, "every"), every=e.every, steps=p.step.steps)
     if e.greedy and e.temperature is not None:
