@@ -1,6 +1,7 @@
 """``asyncflow compile FILE``: the execution plan, as tables (or --json / --dot / --mermaid / --html)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
@@ -285,7 +286,7 @@ def register(app: typer.Typer) -> None:
 
             est = simulated(plan, file, set_ or ())
             if est is not None:
-                plan.estimate = est
+                plan = dataclasses.replace(plan, estimate=est)
         if json_:
             return emit(plan.to_json())
         if dot or mermaid:

@@ -66,6 +66,7 @@ whose weights are torch tensors (``Capabilities.tensors``) and the backend is Ra
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from asyncflow import kinds
@@ -178,34 +179,35 @@ def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str
     sched = scheduling(graph, task)
     out = []
     for op in ops:
-        op = Op(**{**op.__dict__, "fields": list(op.fields)})
+        new: dict = {"fields": list(op.fields)}  # what this rule changes in a copy of op
         if op.kind == "READ":  # rule 1
-            op.__dict__.update(read)
+            new.update(read)
             if sched["consume"] == "first_ready":
                 a = sync_alpha.get(d.model or "", 0)
-                op.note = (f"first ready rows of any step with step - version <= {a}; "
-                           "too stale: dropped and replaced")
+                new["note"] = (f"first ready rows of any step with step - version <= {a}; "
+                               "too stale: dropped and replaced")
         elif op.kind == "COMPUTE" and train and sched["stream"]:  # rule 2, streaming
             mb = micro_batch(graph, task)
-            op.rows, op.repeat = mb, math.ceil(sps / mb)
-            op.note = (f"train_stream {d.loss}: forward and backward per micro-batch as it is "
-                       "read, one optimiser step per step")
+            new.update(rows=mb, repeat=math.ceil(sps / mb),
+                       note=(f"train_stream {d.loss}: forward and backward per micro-batch as it "
+                             "is read, one optimiser step per step"))
         elif op.kind in ("COMPUTE", "WRITE"):  # rule 2
-            op.rows, op.repeat = (sps, 1) if train else (read["rows"], read["repeat"])
+            new["rows"], new["repeat"] = (sps, 1) if train else (read["rows"], read["repeat"])
             if op.kind == "COMPUTE" and sched["schedule"]:  # rule 6
-                op.note += (", each sample its own request" if sched["schedule"] == "queue"
-                            else ", whole batches per call")
+                new["note"] = op.note + (", each sample its own request"
+                                         if sched["schedule"] == "queue"
+                                         else ", whole batches per call")
         elif op.kind == "WAIT":
             a = sync_alpha.get(op.model or "", 0)
-            op.max_lag = a  # rules 3, 5
-            op.note = (f"block only when {a} version{'s' if a != 1 else ''} ahead of the trainer"
-                       if a else "wait for this step's version (staleness 0)")
+            new.update(max_lag=a,  # rules 3, 5
+                       note=(f"block only when {a} version{'s' if a != 1 else ''} ahead of the "
+                             "trainer" if a else "wait for this step's version (staleness 0)"))
         elif op.kind == "ADOPT":
-            op.note = "adopt the newest published version between requests" if sync_alpha.get(
+            new["note"] = "adopt the newest published version between requests" if sync_alpha.get(
                 op.model or "", 0) else "take the new weights"
         elif op.kind == "PUBLISH" and sync_alpha.get(op.model or "", 0):  # rule 4
-            op.note = "publish version n+1 without waiting"
-        out.append(op)
+            new["note"] = "publish version n+1 without waiting"
+        out.append(dataclasses.replace(op, **new))
     return out
 
 
@@ -299,8 +301,9 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                      if d.replicas > 1 and kinds.KINDS[d.kind].loop == "train" else [])
             workers.append(WorkerPlan(w["id"], n, w["replica"], d.pool, list(w["bundles"]),
                                       plain(w["resources"]),
-                                      [Op(**{**o.__dict__, "fields": list(o.fields),
-                                             "share": list(share) if o.kind == "READ" else []})
+                                      [dataclasses.replace(
+                                          o, fields=list(o.fields),
+                                          share=list(share) if o.kind == "READ" else [])
                                        for o in mine],
                                       w.get("process") or w["id"], list(w.get("devices", [])),
                                       **settings(n, d, mine)))
