@@ -274,7 +274,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                               bucket_bytes=int((e.defn.bucket_mb or 128) * (1 << 20)),
                               delta=bool(e.defn.delta)))
 
-    settings = worker_settings(g, order, syncs)
+    settings = worker_settings(g, order, syncs, ctx.load_engines)
     tasks, workers = [], []
     for n in order:
         node = g.node(n)
@@ -317,10 +317,12 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         eval=eval_plan(p, plain))
 
 
-def task_loop(g: Graph, task: str) -> str:
+def task_loop(g: Graph, task: str, load: bool = True) -> str:
     """Rule 9: the loop a task's workers run -- the kind's, except that a ``serve`` kind runs
     ``batches`` unless its engine serves requests (continuous batching) and its ``schedule``
-    asks for it (``queue``; unset: the sim engine's default)."""
+    asks for it (``queue``; unset: what the engine's ``serves_unless_told`` says -- sim's
+    default). ``load``: a plug-in engine may be imported to read its capabilities (not at
+    check, which imports no engine: a plug-in then runs ``batches`` there)."""
     d = g.node(task).defn
     loop = kinds.KINDS[d.kind].loop
     if loop != "serve":
@@ -328,13 +330,13 @@ def task_loop(g: Graph, task: str) -> str:
     schedule = scheduling(g, task)["schedule"]
     if schedule == "batch":
         return "batches"
-    caps = capabilities(d.engine)  # a plug-in's is imported: only where the answer matters
+    caps = capabilities(d.engine, load)  # a plug-in's is imported (load) where it matters
     if not caps.serves:
         return "batches"
     return "serve" if schedule == "queue" or (not schedule and caps.serves_unless_told) else "batches"
 
 
-def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan]):
+def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan], load: bool = True):
     """Rule 9: ``settings(task, defn, ops)`` -> the :class:`WorkerPlan` fields that say what a
     worker of ``task`` does (its loop, the primary trainer, the gate's alphas, ...)."""
     p = g.pipeline
@@ -350,7 +352,7 @@ def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan]):
                         if rules_of(d.kind).samples and "temperature" in (d.args or {})), 1.0)
 
     def settings(task: str, d, ops: list[Op]) -> dict:
-        loop = task_loop(g, task)
+        loop = task_loop(g, task, load)
         chooses = ""
         if loop == "train" and len(trainers) > 1 and (launch != p.step.prompts_per_step
                                                        or first_ready):
