@@ -29,6 +29,11 @@ Engines are constructed as ``Engine(spec)`` where ``spec`` is an :class:`EngineS
 They are looked up by name: the built-ins below, then the ``asyncflow.engines`` entry-point
 group (``name = "package.module:Class"``). Names are known without importing any engine, so
 ``asyncflow check`` and ``compile`` never import torch.
+
+What an engine can do is its class's ``capabilities`` (:class:`Capabilities`), read by the
+compiler, the runtime and the simulator through :func:`capabilities` (the built-ins' from
+:data:`BUILTIN_CAPABILITIES`, without importing them). Adding an engine is one module (its class,
+with its ``capabilities``) and an entry point.
 """
 from __future__ import annotations
 
@@ -242,11 +247,6 @@ def class_capabilities(cls: type) -> Capabilities:
     return Capabilities(serves=hasattr(cls, "serve"), train_stream=hasattr(cls, "train_stream"),
                         uses_device=bool(getattr(cls, "uses_device", True)),
                         distributed=bool(getattr(cls, "distributed", False)))
-
-
-def engine_serves(name: str | None) -> bool:
-    """Whether the engine registered as ``name`` serves requests (``serve``)."""
-    return capabilities(name).serves
 
 
 def load_engine_class(name: str):
