@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from asyncflow.diagnostics import Diagnostics
-from asyncflow.errors import AsyncflowError, InternalError, UserError
+from asyncflow.errors import AsyncflowError, InternalError
 
 DEVICE_KINDS = ("auto", "gpu", "cpu")
 
