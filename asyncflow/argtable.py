@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from asyncflow.engines.base import BUILTIN_CAPABILITIES
+
 # -- types: what an arg's value may be -----------------------------------------------------------
 TYPES = {  # type -> how messages and docs say it
     "int": "an integer",
@@ -239,7 +241,8 @@ SIM_ARGS = (
 )
 
 # built-in engines that run only some kinds (the others, and plug-ins, may run any)
-ENGINE_RUNS = {"vllm": ("rollout",), "deepspeed": ("train", "logprob", "value")}
+# the kinds a built-in engine runs (the others run every engine kind): its capabilities
+ENGINE_RUNS = {n: c.runs for n, c in BUILTIN_CAPABILITIES.items() if c.runs}
 
 ENGINE_ARGS: dict[str, tuple[Arg, ...]] = {
     "hf": HF_ARGS, "vllm": VLLM_ARGS, "deepspeed": DEEPSPEED_ARGS, "sim": SIM_ARGS}

@@ -41,7 +41,8 @@ def check_file(path: str, sets=(), diags: Diagnostics | None = None) -> tuple[as
         return Pass(p.name, fn, p.doc)
 
     passes = [keeping(i, p) for i, p in enumerate(ALL)]
-    ctx = Context(diags=diags, sets=tuple(sets), source_file=display_path(path))
+    ctx = Context(diags=diags, sets=tuple(sets), source_file=display_path(path),
+                  load_engines=False)  # check never imports an engine
     value: Any = (str(path), None)
     start = 0
     while start < len(passes):

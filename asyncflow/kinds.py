@@ -113,6 +113,9 @@ class EstimatorInfo:
         return Signature(slots + (KEEP,), outs)
 
 
+# how much of a step an estimator's scope needs on its inputs (the rest: sample)
+SCOPE_GRANULARITY = {"batch": "step", "group": "group"}
+
 ESTIMATORS = {
     "grpo": EstimatorInfo("asyncflow.algos.advantages:grpo", "group",
                           doc="(r - mean(group)) / (std(group) + eps)"),
@@ -186,6 +189,11 @@ class Kind:
     needs_outputs: bool = True
     fn_inputs: bool = False  # inputs go to a user function in the declared order
     order: int = 3  # position in a pool's time-sharing order (rollout first)
+    # what gives its signature when ``signature`` is None: "estimator" (its granularity too)
+    # or "loss"
+    defined_by: str = ""
+    # further data: "env_outputs" (its outputs with ``env``), "trained_outputs" (its outputs on
+    # a model some train task updates)
     extra: dict = field(default_factory=dict)
 
 
@@ -208,17 +216,19 @@ KINDS = {k.name: k for k in (
     Kind("logprob", "log-probs of a response under a model (a reference, or the current policy)",
          ("engine", "model", "pool"), (),
          Signature((PROMPT, RESPONSE, KEEP), ("ref_logprobs",)),
-         runner="engine.logprobs", engine=True, order=1),
+         runner="engine.logprobs", engine=True, order=1,
+         extra={"trained_outputs": ("prox_logprobs",)}),
     Kind("value", "a critic's per-token values of a response",
          ("engine", "model", "pool"), (),
          Signature((PROMPT, RESPONSE, KEEP), ("values",)),
          runner="engine.logprobs", engine=True, order=2),
     Kind("advantage", "advantages (and returns) from rewards with an estimator",
-         ("estimator",), ("pool",), None, runner="estimator"),
+         ("estimator",), ("pool",), None, runner="estimator", defined_by="estimator"),
     Kind("train", "updates a model's weights with a loss; publishes new versions",
          ("engine", "model", "pool", "loss"), ("consume", "stream"), None,
          granularity="micro_batch", loop="train",
-         runner="engine.train_step", engine=True, needs_outputs=False, order=4),
+         runner="engine.train_step", engine=True, needs_outputs=False, order=4,
+         defined_by="loss"),
     Kind("filter", "keeps or drops whole groups with a user function (e.g. DAPO's)",
          ("fn",), ("pool", "refill"), Signature(None, ("keep",), more_outputs="keep"),
          granularity="group", runner="filter", fn_inputs=True),
@@ -271,26 +281,24 @@ def signature(kind: str, estimator: str | None = None, loss: str | None = None,
     k = KINDS.get(kind)
     if k is None:
         return None
-    if kind == "advantage":
-        info = ESTIMATORS.get(estimator or "")
-        return info.signature if info else None
-    if kind == "train":
-        info = LOSSES.get(loss or "")
+    if k.defined_by:
+        info = (ESTIMATORS.get(estimator or "") if k.defined_by == "estimator"
+                else LOSSES.get(loss or ""))
         return info.signature if info else None
     sig = k.signature
-    if kind == "rollout" and env:
+    if env and "env_outputs" in k.extra:
         return Signature(sig.inputs, k.extra["env_outputs"])
-    if kind == "logprob" and trained:
-        return Signature(sig.inputs, ("prox_logprobs",))
+    if trained and "trained_outputs" in k.extra:
+        return Signature(sig.inputs, k.extra["trained_outputs"])
     return sig
 
 
 def granularity(kind: str, estimator: str | None = None) -> str:
     """The input granularity a kind needs by default (the overlap pass refines ``train``)."""
-    if kind == "advantage":
-        info = ESTIMATORS.get(estimator or "")
-        return {"batch": "step", "group": "group"}.get(info.scope if info else "", "sample")
     k = KINDS.get(kind)
+    if k is not None and k.defined_by == "estimator":
+        info = ESTIMATORS.get(estimator or "")
+        return SCOPE_GRANULARITY.get(info.scope if info else "", "sample")
     return k.granularity if k else "sample"
 
 

@@ -1,6 +1,7 @@
 """``asyncflow compile FILE``: the execution plan, as tables (or --json / --dot / --mermaid / --html)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
@@ -152,12 +153,11 @@ def plan_tables(plan):
                                                     if extra > 0 else ""), str(st.launch_groups))
     if st.replace:
         batch.add_row("dropped groups replaced by new prompts", ", ".join(st.replace))
+    from asyncflow.compiler.kinds import rules_of
+
     for t in plan.tasks:
-        if t.kind == "train":
-            mb = t.args.get("micro_batch", st.samples_per_step)
-            if isinstance(mb, int) and mb > 0:
-                batch.add_row(f"micro-batches per step ({t.name}: {mb})",
-                              str(st.samples_per_step // mb))
+        for label, value in rules_of(t.kind).batch_rows(t, st):
+            batch.add_row(label, value)
     out = [models_table(plan), tasks, binds, sched, pools, procs, chans, sync, batch]
     if plan.eval is not None:
         out.append(eval_table(plan))
@@ -181,35 +181,10 @@ def plan_tables(plan):
 
 def scheduling_text(task, plan) -> tuple[str, str]:
     """A task's scheduling keys, short (``queue, redundancy 1.25, on_update finish``), and what
-    they mean, in words; ("", "") for a kind that takes none."""
-    st = plan.step
-    if task.kind == "rollout" and task.schedule:
-        short = f"{task.schedule}, redundancy {task.redundancy:g}, on_update {task.on_update}"
-        words = ["each sample is its own request, sent as a slot frees" if task.schedule == "queue"
-                 else "whole batches per engine call"]
-        if task.redundancy > 1:
-            first_ready = any(t.consume == "first_ready" for t in plan.tasks)
-            words.append(f"{st.launch_groups} groups launched for {st.prompts_per_step} trained, "
-                         + ("the rest trained by later steps (first_ready)" if first_ready
-                            else "the last to finish cancelled"))
-        words.append({"finish": "in-flight samples finish on the old weights",
-                      "abort": "in-flight samples restart with new weights",
-                      "continue": "in-flight samples go on with new weights"}.get(
-                          task.on_update, task.on_update))
-        return short, "; ".join(words)
-    if task.kind == "train" and task.consume:
-        short = task.consume + (", stream" if task.stream else "")
-        words = ["trains exactly step n's rows" if task.consume == "in_order" else
-                 f"takes the first ready rows with n - version <= {task.version_lag}, from any "
-                 "step; too stale: dropped, replaced"]
-        mb = task.args.get("micro_batch")
-        words.append(f"forward/backward per micro-batch of {mb} as it is ready, one optimiser "
-                     "step" if task.stream else "one train_step on the whole step")
-        return short, "; ".join(words)
-    if task.kind == "filter":
-        return ("refill", "dropped groups are replaced by new prompts") if task.refill else (
-            "no refill", "a step trains only the groups that pass")
-    return "", ""
+    they mean, in words; ("", "") for a kind that takes none (its kind's rules say)."""
+    from asyncflow.compiler.kinds import rules_of
+
+    return rules_of(task.kind).scheduling_text(task, plan)
 
 
 def scheduling_table(plan):
@@ -311,7 +286,7 @@ def register(app: typer.Typer) -> None:
 
             est = simulated(plan, file, set_ or ())
             if est is not None:
-                plan.estimate = est
+                plan = dataclasses.replace(plan, estimate=est)
         if json_:
             return emit(plan.to_json())
         if dot or mermaid:

@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import typer
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.console import SetOpt, err, out, usage_error
 
 
@@ -44,7 +45,7 @@ def _check_costs(plan) -> None:
 
     if has_costs(plan):
         return
-    roll = next((t for t in plan.tasks if t.kind == "rollout"), plan.tasks[0] if plan.tasks
+    roll = next((t for t in plan.tasks if rules_of(t.kind).samples), plan.tasks[0] if plan.tasks
                 else None)
     raise _located(plan, "AF640", roll, pipeline=plan.pipeline,
                    task=roll.name if roll else "?")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from asyncflow.diagnostics import Diagnostics
-from asyncflow.errors import AsyncflowError, InternalError, UserError
+from asyncflow.errors import AsyncflowError, InternalError
 
 DEVICE_KINDS = ("auto", "gpu", "cpu")
 
@@ -35,6 +35,9 @@ class Context:
     backend: str = "ray"  # ray | local: what a sync edge's via defaults to (lower)
     source_file: str = ""  # as recorded in the plan (relative where possible)
     pipeline: Any = None  # the AST, once parsed (passes after lower read locations from it)
+    # whether a pass may import a plug-in engine to read its capabilities (lower rule 9's
+    # serve loop); check never does (a plug-in then has the default capabilities)
+    load_engines: bool = True
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,11 @@ Engines are constructed as ``Engine(spec)`` where ``spec`` is an :class:`EngineS
 They are looked up by name: the built-ins below, then the ``asyncflow.engines`` entry-point
 group (``name = "package.module:Class"``). Names are known without importing any engine, so
 ``asyncflow check`` and ``compile`` never import torch.
+
+What an engine can do is its class's ``capabilities`` (:class:`Capabilities`), read by the
+compiler, the runtime and the simulator through :func:`capabilities` (the built-ins' from
+:data:`BUILTIN_CAPABILITIES`, without importing them). Adding an engine is one module (its class,
+with its ``capabilities``) and an entry point.
 """
 from __future__ import annotations
 
@@ -44,6 +49,46 @@ BUILTIN = {
     "sim": "asyncflow.engines.sim:SimEngine",
 }
 ENTRY_POINT_GROUP = "asyncflow.engines"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, as the compiler, the runtime and the simulator need to know it.
+
+    An engine class declares it as its class attribute ``capabilities``; one that does not gets
+    the defaults (``serves`` and ``train_stream`` then from whether it has those methods). The
+    built-ins' are in :data:`BUILTIN_CAPABILITIES`, read without importing them (they import
+    torch or vllm); their classes point at their entry, so there is one source."""
+
+    serves: bool = False  # serve(pull, emit): continuous batching (a rollout's serve loop)
+    serves_unless_told: bool = False  # a rollout without ``schedule:`` serves (queue)
+    accelerator: bool = False  # needs a GPU: a pipeline running it on a pool compiles for GPUs
+    uses_device: bool = True  # runs on a torch device (asyncflow.runtime.devices)
+    tensors: bool = False  # its weights are torch tensors: a collective sync edge can carry them
+    distributed: bool = False  # its replicas form one torch.distributed group
+    data_parallel: bool = False  # a train task's replicas split each step between them
+    train_stream: bool = False  # train_stream(micro_batches): a streaming optimiser step
+    adapters: bool = False  # trains or applies a model's ``lora:`` adapter
+    tokenizes: bool = True  # tokenizes prompts with the model's tokenizer (chat templates)
+    cost_args: bool = False  # its ``args`` carry the cost hints (asyncflow.compiler.passes.cost)
+    runs: tuple[str, ...] = ()  # the task kinds it runs; (): every kind that takes an engine
+
+    def runs_kind(self, kind: str) -> bool:
+        return not self.runs or kind in self.runs
+
+
+BUILTIN_CAPABILITIES = {
+    "hf": Capabilities(serves=True, tensors=True, train_stream=True, adapters=True),
+    "vllm": Capabilities(serves=True, accelerator=True, tensors=True, adapters=True,
+                         runs=("rollout",)),
+    "deepspeed": Capabilities(accelerator=True, tensors=True, distributed=True,
+                              data_parallel=True, train_stream=True,
+                              runs=("train", "logprob", "value")),
+    # sim stands in for the others (asyncflow.argtable.STANDS_IN), so it takes what they take
+    # (a lora: adapter it does not model); it only sleeps, on no device
+    "sim": Capabilities(serves=True, serves_unless_told=True, uses_device=False,
+                        train_stream=True, adapters=True, tokenizes=False, cost_args=True),
+}
 
 
 @dataclass
@@ -133,35 +178,75 @@ class TurnServer(Protocol):
 
 
 def engine_names() -> dict[str, str]:
-    """name -> "module:Class", built-ins first, then entry points (never imports an engine)."""
-    names = dict(BUILTIN)
-    try:
-        from importlib.metadata import entry_points
+    """name -> "module:Class", built-ins first, then entry points (never imports an engine).
 
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
+    A distribution whose metadata cannot be read is reported (a warning naming it and why, once
+    per distribution) and skipped: its engines are then unknown, and the warning says why."""
+    from importlib import metadata
+
+    names = dict(BUILTIN)
+    seen: set[str] = set()
+    for dist in metadata.distributions():
+        try:
+            name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+            if name in seen:  # shadowed by an earlier one on the path (as entry_points does)
+                continue
+            seen.add(name)
+            eps = [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+        except Exception as exc:  # noqa: BLE001 -- any broken metadata: reported, not fatal
+            _report_broken(dist, exc)
+            continue
+        for ep in eps:
             names.setdefault(ep.name, ep.value)
-    except Exception:  # a broken third-party distribution must not break `check`
-        pass
     return names
 
 
-#: the built-in engines that serve requests by continuous batching (a ``serve`` method), known
-#: without importing them (they import torch or vllm)
-SERVING = frozenset({"sim", "hf", "vllm"})
+_REPORTED: set[str] = set()
 
 
-def engine_serves(name: str | None) -> bool:
-    """Whether the engine registered as ``name`` serves requests (has ``serve``): the built-ins
-    from :data:`SERVING`, a plug-in from its class (imported here); an engine that cannot be
-    imported does not serve (its import error is the run's AF6xx when a worker builds it)."""
+def _report_broken(dist, exc: BaseException) -> None:
+    """Warn once that a distribution's entry points could not be read (its engines are lost)."""
+    import warnings
+
+    where = str(dist.locate_file(""))
+    if where in _REPORTED:
+        return
+    _REPORTED.add(where)
+    warnings.warn(f"asyncflow: the installed distribution at {where} is broken and was skipped "
+                  f"(its {ENTRY_POINT_GROUP} engines, if any, are unknown): "
+                  f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
+
+
+def capabilities(name: str | None, load: bool = True) -> Capabilities:
+    """The capabilities of the engine registered as ``name``: a built-in's from
+    :data:`BUILTIN_CAPABILITIES` (no import), a plug-in's from its class (imported here; the
+    defaults when it declares none, or with ``load=False``: ``check`` never imports an engine).
+    An unknown engine, or one that cannot be imported, has the defaults: its name is the
+    check's AF323, its import error the run's AF6xx."""
     if not name:
-        return False
-    if name in BUILTIN:
-        return name in SERVING
+        return Capabilities()
+    if name in BUILTIN_CAPABILITIES:
+        return BUILTIN_CAPABILITIES[name]
+    if not load:
+        return Capabilities()
     try:
-        return hasattr(load_engine_class(name), "serve")
+        cls = load_engine_class(name)
     except (ImportError, AttributeError, KeyError):
-        return False
+        return Capabilities()
+    return class_capabilities(cls)
+
+
+def class_capabilities(cls: type) -> Capabilities:
+    """An engine class's ``capabilities``; the defaults when it has none (``serves`` and
+    ``train_stream`` from whether it has those methods, ``uses_device`` and ``distributed``
+    from the class attributes of those names that plug-ins written before ``capabilities``
+    declare)."""
+    caps = getattr(cls, "capabilities", None)
+    if isinstance(caps, Capabilities):
+        return caps
+    return Capabilities(serves=hasattr(cls, "serve"), train_stream=hasattr(cls, "train_stream"),
+                        uses_device=bool(getattr(cls, "uses_device", True)),
+                        distributed=bool(getattr(cls, "distributed", False)))
 
 
 def load_engine_class(name: str):

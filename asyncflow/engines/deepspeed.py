@@ -100,7 +100,7 @@ from safetensors.torch import load_file, save_file
 
 from asyncflow import models
 from asyncflow.engines import torch_common as tc
-from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.engines.deepspeed_setup import (DEFAULT_PORT, ds_config, init_distributed,
                                                release_distributed)
 from asyncflow.engines.hf import VALUE_HEAD, HFEngine
@@ -132,7 +132,7 @@ class DeepSpeedEngine(HFEngine):
     # its replicas form one torch.distributed group: the worker gives each the group's meeting
     # point (replica 0's node address and a free port there) and the rank's local device
     # index (asyncflow.runtime.devices: Ray's assignment is the process's only device, 0)
-    distributed = True
+    capabilities = BUILTIN_CAPABILITIES["deepspeed"]
 
     def __init__(self, spec: EngineSpec):
         self.ds = None  # the deepspeed engine (train kind only)

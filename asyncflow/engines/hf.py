@@ -35,7 +35,7 @@ import torch
 from asyncflow import lora, models
 from asyncflow.engines import hf_serve, multiturn
 from asyncflow.engines import torch_common as tc
-from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.engines.batching import balance_micro_batches
 from asyncflow.engines.hf_state import STATE_FILE, VALUE_HEAD, HFWeights
 from asyncflow.engines.hf_train import HFTrainer
@@ -46,6 +46,8 @@ __all__ = ["HFEngine", "STATE_FILE", "VALUE_HEAD"]
 
 class HFEngine(HFTrainer, HFWeights):
     """A transformers causal LM as rollout, scorer and trainer (see the module docstring)."""
+
+    capabilities = BUILTIN_CAPABILITIES["hf"]
 
     def __init__(self, spec: EngineSpec):
         self.spec = spec

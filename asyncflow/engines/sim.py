@@ -55,7 +55,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from asyncflow.engines import sim_turns
-from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.engines.sim_draws import DIGIT0, rng, row_latency, slot_schedule, uniforms
 from asyncflow.tokens import Text
 
@@ -79,7 +79,7 @@ def _n_rows(batch: Columns) -> int:
 class SimEngine:
     """Rollout, Scorer and Trainer that sleep for a modelled device time (module docstring)."""
 
-    uses_device = False  # no torch device (asyncflow.runtime.devices): it only sleeps
+    capabilities = BUILTIN_CAPABILITIES["sim"]
 
     def __init__(self, spec: EngineSpec):
         self.spec = spec

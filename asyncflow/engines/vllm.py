@@ -67,7 +67,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from asyncflow.engines.base import Columns, EngineSpec
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.engines.hf_serve import QueueServer
 from asyncflow.engines.vllm_setup import (adapter_config, bind_cpu_workers, check_head_size,
                                           engine_dir, engine_kwargs, global_rng_kept, layer_groups,
@@ -84,6 +84,8 @@ _PARKED: list = []  # the vLLM LLMs of closed engines, dropped when the last eng
 
 class VLLMEngine:
     """A vLLM ``LLM`` as a rollout (see the module docstring)."""
+
+    capabilities = BUILTIN_CAPABILITIES["vllm"]
 
     def __init__(self, spec: EngineSpec):
         if spec.kind != "rollout":

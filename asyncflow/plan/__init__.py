@@ -38,7 +38,7 @@ GRANULARITIES = ("sample", "group", "micro_batch", "step")
 OP_KINDS = ("READ", "COMPUTE", "WRITE", "PUBLISH", "ADOPT", "WAIT")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepPlan:
     prompts_per_step: int
     samples_per_prompt: int
@@ -52,7 +52,7 @@ class StepPlan:
     replace: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelPlan:
     name: str
     init: str | None
@@ -73,7 +73,7 @@ class ModelPlan:
     lora: dict = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SourcePlan:
     name: str
     source: str
@@ -84,13 +84,13 @@ class SourcePlan:
     split: str | None = None  # the split of a data set directory or hub data set (None: its only one)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Bundle:
     index: int
     resources: dict  # Ray resources of one bundle: {"CPU": 1} or {"GPU": 1, "CPU": 1}, custom
 
 
-@dataclass
+@dataclass(frozen=True)
 class PoolPlan:
     name: str
     devices: int
@@ -100,7 +100,7 @@ class PoolPlan:
     loc: str = ""  # "file:line:col" where the pool is defined (for run-time errors)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskPlan:
     name: str
     kind: str
@@ -136,7 +136,7 @@ class TaskPlan:
     refill: bool = False  # filter: filtered groups are replaced by new prompts
 
 
-@dataclass
+@dataclass(frozen=True)
 class Op:
     """One op of a worker's per-step body. A READ says everything the worker needs to lease:
     up to ``rows`` rows (a fixed-size READ: ``min_rows == rows``), in whole units of ``unit`` rows
@@ -163,7 +163,7 @@ class Op:
     share: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerPlan:
     id: str  # "task/replica"
     task: str
@@ -196,7 +196,7 @@ class WorkerPlan:
     sampling: dict = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChannelPlan:
     id: str  # "src->dst"
     src: str
@@ -208,7 +208,7 @@ class ChannelPlan:
     unit_rows: int = 1  # rows of one granularity unit (group: samples_per_prompt, ...)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SyncPlan:
     src: str
     dst: str
@@ -223,7 +223,7 @@ class SyncPlan:
     delta: bool = False  # collective: only what changed since the receiver's version
 
 
-@dataclass
+@dataclass(frozen=True)
 class Estimate:
     step_time: float  # seconds per train step of this plan (steady state)
     step_time_sync: float  # the same pipeline at staleness 0
@@ -237,7 +237,7 @@ class Estimate:
     per_pool: dict = field(default_factory=dict)  # pool -> seconds of (time-shared) work per step
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalPlan:
     """``eval:`` resolved (docs/language.md, "Evaluation"): the worker ``worker`` (replica 0 of
     the rollout task) evaluates when it adopts each version of ``versions`` (the first version
@@ -272,7 +272,7 @@ def eval_versions(every: int | None, steps: int) -> list[int]:
     return sorted(out)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     pipeline: str
     source_file: str

@@ -22,7 +22,6 @@ sample store: they go from the data file to the engine to the metric, in this wo
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from types import SimpleNamespace
@@ -40,13 +39,7 @@ def load_rows(plan: Plan, name: str, paths) -> list[dict]:
     located at that source)."""
     from asyncflow.runtime import data
 
-    if hasattr(data, "load_rows"):  # the general reader (any source by name)
-        return list(data.load_rows(plan, name, paths))
-    one = copy.copy(plan)  # load_prompts reads the plan's first source: give it only this one
-    one.data = [s for s in plan.data if s.name == name]
-    one.step = copy.copy(plan.step)
-    one.step.steps = 0  # no epochs warning: evaluation reads the rows once
-    return data.load_prompts(one, paths, warn=lambda msg: None)
+    return list(data.load_rows(plan, name, paths))
 
 
 class Evaluator:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.diagnostics import error, table
 from asyncflow.errors import AsyncflowError
 from asyncflow.loc import SourceLoc, Sources
@@ -78,7 +79,7 @@ def parse_inject(spec: str, plan: Plan, backend: str = "ray") -> dict:
         raise bad(f"target {target!r}", f"is not a task of the plan ({names})")
     if slash and (not rep.isdigit() or int(rep) >= task.replicas):
         raise bad(f"target {target!r}", f"task {name!r} has replicas 0..{task.replicas - 1}")
-    if kind == "nan" and task.kind == "train":
+    if kind == "nan" and rules_of(task.kind).trains:
         raise bad(f"target {target!r}", "is a train task: nan applies to a task's output columns")
     out["target"] = target if (slash or kind != "kill") else f"{name}/0"
     return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.runtime.trace import json_safe
 
 #: rows logged per logged step
@@ -82,7 +83,7 @@ class Sampler:
         self.spp = plan.step.samples_per_prompt
         self.reward = reward
         self.response = _role_field(task.bind_in, "response")
-        producers = [t for t in plan.tasks if t.kind != "train"]
+        producers = [t for t in plan.tasks if not rules_of(t.kind).trains]
         if self.response is None:  # a trainer that does not read the response (rare)
             self.response = next((f for t in producers for f, r in t.bind_out if r == "response"),
                                  None)
@@ -92,7 +93,7 @@ class Sampler:
         if self.prompt is None:
             self.prompt = _role_field(task.bind_in, "prompt")
         self.advantage = _role_field(task.bind_in, "advantages")
-        reward_task = next((t for t in sorted(plan.tasks, key=lambda t: t.kind != "reward")
+        reward_task = next((t for t in sorted(plan.tasks, key=lambda t: not rules_of(t.kind).rewards)
                             if reward and (reward, "reward") in [tuple(b) for b in t.bind_out]),
                            None)
         source = next((d.name for d in plan.data if self.prompt in d.fields), None)

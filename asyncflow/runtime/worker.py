@@ -50,7 +50,7 @@ import time
 import traceback
 
 from asyncflow import kinds, models
-from asyncflow.engines.base import EngineSpec, load_engine_class
+from asyncflow.engines.base import EngineSpec, class_capabilities, load_engine_class
 from asyncflow.plan import Plan
 from asyncflow.refs import accepted, resolve
 from asyncflow.runtime import checkpoint, devices
@@ -419,11 +419,11 @@ class Worker(Loop):
             cls = load_engine_class(self.task.engine)
             spec = engine_spec(self.plan, self.task, self.wp.replica, self.paths)
             self._device = devices.resolve(self.plan.device_kind, self.wp.devices, self.host.ray,
-                                           getattr(cls, "uses_device", True), self.id)
+                                           class_capabilities(cls).uses_device, self.id)
             if self._device["device"]:
                 spec.extra["device"] = self._device["device"]
             spec.extra["run_dir"] = self.opt.get("run_dir")  # where an engine may keep files
-            if getattr(cls, "distributed", False) and self.task.replicas > 1:
+            if class_capabilities(cls).distributed and self.task.replicas > 1:
                 if not self.host.ray:  # one process group per process: threads cannot be ranks
                     raise TaskError("AF637", self.task, engine=self.task.engine,
                                     replicas=self.task.replicas)

@@ -33,6 +33,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Plan
 from asyncflow.runtime.driver import feed_ahead, feed_target
 from asyncflow.runtime.store import SampleStore
@@ -137,7 +138,7 @@ class Simulation:
         sources = {f for d in plan.data for f in d.fields}
         self.source_readers = [t.name for t in plan.tasks if set(t.inputs) & sources]
         self.source_fields = sorted(sources) or ["prompt"]
-        self.trainers = [t.name for t in plan.tasks if t.kind == "train"]
+        self.trainers = [t.name for t in plan.tasks if rules_of(t.kind).trains]
         self.done = {t: 0 for t in self.trainers}
         self.ahead = feed_ahead(plan)
         self.fed = 0
@@ -171,10 +172,9 @@ class Simulation:
             if w.waiting:
                 self.soon(w.poke)
 
-    def wake_kind(self, kind: str) -> None:
-        for t in self.plan.tasks:
-            if t.kind == kind:
-                self.wake(t.name)
+    def wake_trainers(self) -> None:
+        for name in self.trainers:
+            self.wake(name)
 
     def wrote(self, task: str, rows: list[int]) -> None:
         """``rows`` of ``task``'s outputs were written: wake a reader once as many rows as its

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.compiler.passes.cost import read_hints
 from asyncflow.engines import sim_turns
 from asyncflow.engines.sim import SimEngine, row_latency, slot_schedule
@@ -62,7 +63,7 @@ def device(plan: Plan, task: TaskPlan) -> Device:
         eng = SimEngine(engine_spec(plan, task, 0))
         d = Device(slots=eng.slots, seconds_per_sample=eng.seconds_per_sample / eng.devices,
                    sync_seconds=eng.sync_seconds, scale=eng.time_scale, engine=eng)
-        if task.kind == "rollout" and task.env:
+        if rules_of(task.kind).samples and task.env:
             _episodes(d, eng, task)
         return d
     c = read_hints(task)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan
 
@@ -104,8 +105,8 @@ def _pair(value: str, spec: str) -> tuple[int, int]:
 
 def split_of(plan: Plan, spec: str) -> Split:
     """The rollout and train tasks a split moves devices between (each on a pool of its own)."""
-    roll = next((t for t in plan.tasks if t.kind == "rollout"), None)
-    train = next((t for t in plan.tasks if t.kind == "train"), None)
+    roll = next((t for t in plan.tasks if rules_of(t.kind).samples), None)
+    train = next((t for t in plan.tasks if rules_of(t.kind).trains), None)
     if roll is None or train is None:
         raise SweepError(spec, "a split needs a rollout task and a train task")
     if not roll.pool or not train.pool:

@@ -11,6 +11,7 @@ waits for the store (or the weights) to change, and device time is an event in t
 """
 from __future__ import annotations
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.runtime.loops import Loop
 from asyncflow.runtime.loops.step_reads import micro_slices
 from asyncflow.runtime.signals import Stop
@@ -57,7 +58,7 @@ class SimControl:
 
     def choose(self, step: int, rows: list[int]) -> None:
         self._chosen[step] = list(rows)
-        self.sim.wake_kind("train")
+        self.sim.wake_trainers()
 
     def chosen(self, step: int):
         return self._chosen.get(step)
@@ -153,7 +154,7 @@ class BatchWorker(_StepReader, SimWorker):
         self.write_op = next((o for o in self.body if o.kind == "WRITE"), None)
         self.computing = False
         self._reads = None  # a step READ in progress: (generator, it)
-        self.rollout = self.task.kind == "rollout"
+        self.rollout = rules_of(self.task.kind).samples
 
     def poke(self) -> None:
         if self.computing or self.stopped or self.sim.now < self._blocked_until:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.ir import Graph
 from asyncflow.kinds import KINDS, SCHED
 
@@ -19,7 +20,7 @@ def train_tasks_of(graph: Graph) -> dict[str, str]:
     out: dict[str, str] = {}
     for t in graph.tasks():
         d = t.defn
-        if d.kind == "train" and d.model is not None:
+        if rules_of(d.kind).trains and d.model is not None:
             out.setdefault(d.model, t.name)
     return out
 
@@ -67,7 +68,7 @@ def launch_groups(graph: Graph) -> int:
     most = pps
     for t in graph.tasks():
         d = t.defn
-        if d.kind == "rollout" and d.model in trained and d.redundancy is not None:
+        if rules_of(d.kind).samples and d.model in trained and d.redundancy is not None:
             r = d.redundancy
             r = Fraction(r) if isinstance(r, int) else Fraction(repr(float(r)))
             most = max(most, math.ceil(pps * r))
@@ -77,14 +78,8 @@ def launch_groups(graph: Graph) -> int:
 def replaced(graph: Graph) -> list[str]:
     """The drop reasons whose groups are replaced by new prompts (``StepPlan.replace``):
     ``filter`` when a filter refills, ``staleness`` when a trainer consumes ``first_ready``."""
-    out = []
-    names = [t.name for t in graph.tasks()]
-    if any(graph.node(n).kind == "filter" and scheduling(graph, n)["refill"] for n in names):
-        out.append("filter")
-    if any(graph.node(n).kind == "train" and scheduling(graph, n)["consume"] == "first_ready"
-           for n in names):
-        out.append("staleness")
-    return out
+    reasons = {rules_of(t.defn.kind).replaces(scheduling(graph, t.name)) for t in graph.tasks()}
+    return sorted(reasons - {None})
 
 
 def annotated_copy(graph: Graph) -> Graph:

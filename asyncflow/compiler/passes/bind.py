@@ -29,12 +29,12 @@ plan, and the runtime renames columns by them (it never looks a column up by a f
 from __future__ import annotations
 
 from asyncflow import kinds
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.compiler.passes import annotated_copy, train_tasks_of
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph
 from asyncflow.refs import arity_problem, function_params, search_path
 
-FILTER_KEYWORDS = ("groups",)  # keywords the runtime passes a filter function
 
 
 def _at(defn, key: str):
@@ -77,8 +77,7 @@ def bind(graph: Graph, ctx: Context) -> Graph:
         for i in extra:
             sig = kinds.signature(d.kind, d.estimator, d.loss, env=bool(d.env))
             roles = ", ".join(sig.outputs) if sig and sig.outputs else "nothing"
-            hint = (" (a multi-turn rollout, with `env:`, also writes the episode's reward)"
-                    if d.kind == "rollout" and not d.env else None)
+            hint = rules_of(d.kind).outputs_hint(d)
             ctx.diags.add("AF375", _at(d, f"outputs.{i}"), hint, task=d.name, n=len(d.outputs),
                           kind=_kind_name(d), most=len(sig.outputs) if sig else 0, roles=roles)
         for i, (f, role) in enumerate(outs):
@@ -106,21 +105,20 @@ def _reserved(field: str, loc, ctx: Context) -> None:
 
 
 def _kind_name(d) -> str:
-    return f"{d.estimator} advantage" if d.kind == "advantage" else (
-        f"{d.loss} train" if d.kind == "train" else d.kind)
+    return rules_of(d.kind).display_name(d)
 
 
 def _bind_fn(d, paths: list[str], ctx: Context) -> list[list[str]]:
     """Rule 2: positional, named by the function's parameters where its source says them."""
     params = function_params(d.fn, paths) if d.fn else None
     if params is not None:
-        reserved = FILTER_KEYWORDS if d.kind == "filter" else ()
+        reserved = rules_of(d.kind).fn_keywords
         problem = arity_problem(params, len(d.inputs), list(d.args or {}), reserved)
         if problem:
             ctx.diags.add("AF374", _at(d, "inputs"), "the function is called with the task's "
                           "inputs in the declared order", fn=d.fn, task=d.name, problem=problem)
         names = [n for n in params.positional
-                 if n not in (d.args or {}) and n not in (reserved if d.kind == "filter" else ())]
+                 if n not in (d.args or {}) and n not in reserved]
     else:
         names = []
     return [[f, names[i] if i < len(names) else f"arg{i}"] for i, f in enumerate(d.inputs)]
@@ -132,12 +130,10 @@ def _bind_slots(d, slots, fields: dict, ctx: Context) -> list[list[str]]:
     role = {f: fields[f]["role"] for f in inputs}
     bound: dict[str, str] = {}
     filled: dict[str, list[str]] = {}
+    rules = rules_of(d.kind)
     for slot in slots:  # rule 3
-        if d.kind == "rollout" and slot.role == "prompt":
-            cands = inputs[:1] if inputs and role[inputs[0]] in slot.accepts else []
-        elif d.kind == "rollout" and slot.role == "context":
-            cands = [f for f in inputs[1:] if f not in bound]
-        else:
+        cands = rules.slot_candidates(slot, inputs, role, bound)
+        if cands is None:
             cands = [f for f in inputs if f not in bound and role[f] in slot.accepts]
         if slot.many:
             take = cands
@@ -174,10 +170,7 @@ def _bind_slots(d, slots, fields: dict, ctx: Context) -> list[list[str]]:
             ctx.diags.add("AF372", _at(d, f"inputs.{d.inputs.index(f)}"),
                           f"it reads: {reads}", field=_what(f, fields[f]), task=d.name,
                           kind=_kind_name(d), role=s.role, type=kinds.describe_type(s.type))
-        elif d.kind == "advantage" and s.role == "values":  # the estimator's own code
-            ctx.diags.add("AF332", _at(d, "estimator"), _producers_hint(s, fields),
-                          estimator=d.estimator)
-        else:
+        elif not rules.report_missing(d, s, _producers_hint(s, fields), ctx.diags):
             ctx.diags.add("AF370", _at(d, "inputs"), _producers_hint(s, fields),
                           task=d.name, kind=_kind_name(d), role=s.role,
                           type=kinds.describe_type(s.type))

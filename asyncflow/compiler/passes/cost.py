@@ -48,8 +48,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.compiler.runner import Context
 from asyncflow.costmodel import Distribution, SpecError, expected_makespan
+from asyncflow.engines.base import capabilities
 from asyncflow.plan import Estimate, Plan, TaskPlan
 
 HINT_KEYS = ("latency", "slots", "seconds_per_sample", "seconds_per_call")
@@ -77,13 +79,9 @@ def hints(task: TaskPlan) -> tuple[dict, str]:
     """The hint mapping a task's cost comes from, and its key path prefix (``cost``/``args``)."""
     if task.cost:
         return task.cost, "cost"
-    if task.engine == "sim":
+    if capabilities(task.engine, load=False).cost_args:
         return {k: v for k, v in task.args.items() if k in HINT_KEYS}, "args"
     return {}, "cost"
-
-
-#: task kinds whose replica splits a call's rows over its devices (data parallel)
-DATA_PARALLEL = ("train", "logprob", "value")
 
 
 def read_hints(task: TaskPlan) -> TaskCost:
@@ -113,7 +111,7 @@ def read_hints(task: TaskPlan) -> TaskCost:
             c.slots = v
         else:
             setattr(c, k, float(v))
-    if task.kind in DATA_PARALLEL and task.devices_per_replica > 1:
+    if rules_of(task.kind).device_parallel and task.devices_per_replica > 1:
         c.seconds_per_sample /= task.devices_per_replica
     return c
 
@@ -141,7 +139,7 @@ def async_time(plan: Plan, t: TaskPlan, c: TaskCost) -> float:
     """Rule 1."""
     n = _rows(plan, t)
     per_row_fn = t.fn is not None and not t.batched and t.engine is None
-    if t.kind == "train":
+    if rules_of(t.kind).trains:
         calls = _train_calls(plan, t, n)
     else:
         calls = math.ceil(n / (t.read_rows or (1 if per_row_fn else n)))
@@ -161,7 +159,7 @@ def sync_time(plan: Plan, t: TaskPlan, c: TaskCost) -> float:
     """Rule 2."""
     n = _rows(plan, t)
     per_row_fn = t.fn is not None and not t.batched and t.engine is None
-    calls = _train_calls(plan, t, n) if t.kind == "train" else (n if per_row_fn else 1)
+    calls = _train_calls(plan, t, n) if rules_of(t.kind).trains else (n if per_row_fn else 1)
     time = n * c.seconds_per_sample + calls * c.seconds_per_call
     if c.latency is not None:
         time += expected_makespan(c.latency, n, c.slots)
@@ -200,7 +198,7 @@ def estimate(plan: Plan, costs: dict[str, TaskCost]) -> Estimate:
         cands.update({f"task {k}": v for k, v in free.items()})
         for t in plan.tasks:
             c = costs[t.name]
-            if c.latency is not None and t.kind == "rollout":
+            if c.latency is not None and rules_of(t.kind).samples:
                 tail = c.latency.expected_max(min(_rows(plan, t), c.slots)) / (t.run_ahead + 1)
                 cands[f"task {t.name} (slowest sample over {t.run_ahead + 1} steps)"] = tail
         bottleneck, step = max(cands.items(), key=lambda kv: kv[1], default=("", 0.0))

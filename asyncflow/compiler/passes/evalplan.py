@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.dsl import ast
 from asyncflow.plan import eval_versions as versions  # rule 5
 from asyncflow.ir.graph import held_out  # noqa: F401  (rule 1 lives with the graph it shapes)
@@ -41,7 +42,7 @@ class Resolved:
 
 
 def _trained(p: ast.Pipeline) -> set[str]:
-    return {t.model for t in p.tasks.values() if t.kind == "train" and t.model}
+    return {t.model for t in p.tasks.values() if rules_of(t.kind).trains and t.model}
 
 
 def resolve(p: ast.Pipeline) -> Resolved:
@@ -50,10 +51,10 @@ def resolve(p: ast.Pipeline) -> Resolved:
     assert e is not None
     r = Resolved()
     # rule 2: the rollout
-    rollouts = [t for t in p.tasks.values() if t.kind == "rollout"]
+    rollouts = [t for t in p.tasks.values() if rules_of(t.kind).samples]
     if e.rollout is not None:
         t = p.tasks.get(e.rollout)
-        if t is None or t.kind != "rollout":
+        if t is None or not rules_of(t.kind).samples:
             what = "there is no such task" if t is None else f"it is a {t.kind} task"
             r.problems.append(("AF385", "rollout", {"problem": f"rollout '{e.rollout}': {what}",
                                                      "known": _names(rollouts)}))
@@ -69,15 +70,15 @@ def resolve(p: ast.Pipeline) -> Resolved:
                 f"it has {len(rollouts)} rollout tasks: say which with `rollout:`"
             r.problems.append(("AF385", "", {"problem": why, "known": _names(rollouts)}))
     # rule 3: the metric
-    rewards = [t for t in p.tasks.values() if t.kind == "reward"]
+    rewards = [t for t in p.tasks.values() if rules_of(t.kind).rewards]
     task = None
     if e.metric is not None:
         t = p.tasks.get(e.metric)
         if e.fn is not None:
             r.problems.append(("AF386", "fn", {"problem": "both 'metric' and 'fn' are given: keep one"}))
-        elif t is None or t.kind != "reward" or not t.fn:
+        elif t is None or not rules_of(t.kind).rewards or not t.fn:
             what = "there is no such task" if t is None else \
-                f"it is a {t.kind} task" if t.kind != "reward" else "it has no fn"
+                f"it is a {t.kind} task" if not rules_of(t.kind).rewards else "it has no fn"
             r.problems.append(("AF386", "metric", {"problem": f"metric '{e.metric}': {what} "
                                                    f"(reward tasks: {_names(rewards)})"}))
         else:

@@ -50,7 +50,7 @@ are replaced (``replace``): :func:`asyncflow.compiler.passes.scheduling`.
 The sync schedule (one :class:`SyncPlan` per sync edge): ``deferred`` when ``max_staleness`` > 0,
 ``blocking`` when it is 0; ``via`` as written (``collective`` where only ``delta`` or
 ``bucket_mb`` is), else ``collective`` where both ends run engines
-whose weights are torch tensors (``TENSOR_ENGINES``) and the backend is Ray, ``store`` otherwise
+whose weights are torch tensors (``Capabilities.tensors``) and the backend is Ray, ``store`` otherwise
 (the local backend's board hands the trainer's tensors over in memory). Worker ids are
 ``"task/replica"``; channel ids ``"src->dst"``.
 
@@ -66,14 +66,16 @@ whose weights are torch tensors (``TENSOR_ENGINES``) and the backend is Ray, ``s
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from asyncflow import kinds
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.compiler.passes import (launch_groups, micro_batch, replaced, scheduling, topo_order,
                                        train_tasks_of)
 from asyncflow.compiler.passes.overlap import RANK
 from asyncflow.compiler.runner import Context
-from asyncflow.engines.base import engine_serves
+from asyncflow.engines.base import capabilities
 from asyncflow.ir import Graph, SourceNode
 from asyncflow.compiler.passes.evalplan import eval_plan, held_out
 from asyncflow import lora
@@ -130,7 +132,7 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
     d = graph.node(task).defn
     k = kinds.KINDS[d.kind]
     gran, unit = max(grans or [("sample", 1)], key=lambda x: RANK[x[0]])
-    if d.kind == "rollout" and scheduling(graph, task)["schedule"] == "queue":
+    if scheduling(graph, task)["schedule"] == "queue":  # a kind that takes it: rollout
         gran, unit = "sample", 1  # rule 6: every sample its own request
     if k.loop == "train":  # in order, fixed size: micro-batches (or the step barrier)
         rows = min(sps, graph.meta(task).get("read_rows", 0) or sps)
@@ -141,7 +143,7 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
         return {"granularity": "step", "rows": sps, "unit": sps, "min_rows": sps, "repeat": 1}
     args = d.args or {}
     batch = int(args.get("batch_size", 0) or 0) or sps
-    if d.kind == "rollout":
+    if rules_of(d.kind).samples:  # a rollout engine's slots
         batch = int(args.get("slots", 0) or 0) or batch
     out = {"granularity": gran, "rows": batch, "unit": 1, "min_rows": 1, "repeat": 0}
     if gran == "group" and spp > 1:
@@ -157,14 +159,13 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
 def sync_via(graph: Graph, src: str, dst: str, defn, backend: str) -> str:
     """How a sync edge's weights travel (the module docstring): as written; a collective where
     only its options (``delta``, ``bucket_mb``) are written, on either backend."""
-    from asyncflow.compiler.passes.placement import TENSOR_ENGINES
-
     if defn.via:
         return defn.via
     if defn.delta or defn.bucket_mb is not None:
         return "collective"
     ends = (graph.node(src).defn.engine, graph.node(dst).defn.engine)
-    return "collective" if backend == "ray" and all(e in TENSOR_ENGINES for e in ends) else "store"
+    tensors = all(capabilities(e, load=False).tensors for e in ends)
+    return "collective" if backend == "ray" and tensors else "store"
 
 
 def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str, int],
@@ -178,34 +179,35 @@ def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str
     sched = scheduling(graph, task)
     out = []
     for op in ops:
-        op = Op(**{**op.__dict__, "fields": list(op.fields)})
+        new: dict = {"fields": list(op.fields)}  # what this rule changes in a copy of op
         if op.kind == "READ":  # rule 1
-            op.__dict__.update(read)
+            new.update(read)
             if sched["consume"] == "first_ready":
                 a = sync_alpha.get(d.model or "", 0)
-                op.note = (f"first ready rows of any step with step - version <= {a}; "
-                           "too stale: dropped and replaced")
+                new["note"] = (f"first ready rows of any step with step - version <= {a}; "
+                               "too stale: dropped and replaced")
         elif op.kind == "COMPUTE" and train and sched["stream"]:  # rule 2, streaming
             mb = micro_batch(graph, task)
-            op.rows, op.repeat = mb, math.ceil(sps / mb)
-            op.note = (f"train_stream {d.loss}: forward and backward per micro-batch as it is "
-                       "read, one optimiser step per step")
+            new.update(rows=mb, repeat=math.ceil(sps / mb),
+                       note=(f"train_stream {d.loss}: forward and backward per micro-batch as it "
+                             "is read, one optimiser step per step"))
         elif op.kind in ("COMPUTE", "WRITE"):  # rule 2
-            op.rows, op.repeat = (sps, 1) if train else (read["rows"], read["repeat"])
+            new["rows"], new["repeat"] = (sps, 1) if train else (read["rows"], read["repeat"])
             if op.kind == "COMPUTE" and sched["schedule"]:  # rule 6
-                op.note += (", each sample its own request" if sched["schedule"] == "queue"
-                            else ", whole batches per call")
+                new["note"] = op.note + (", each sample its own request"
+                                         if sched["schedule"] == "queue"
+                                         else ", whole batches per call")
         elif op.kind == "WAIT":
             a = sync_alpha.get(op.model or "", 0)
-            op.max_lag = a  # rules 3, 5
-            op.note = (f"block only when {a} version{'s' if a != 1 else ''} ahead of the trainer"
-                       if a else "wait for this step's version (staleness 0)")
+            new.update(max_lag=a,  # rules 3, 5
+                       note=(f"block only when {a} version{'s' if a != 1 else ''} ahead of the "
+                             "trainer" if a else "wait for this step's version (staleness 0)"))
         elif op.kind == "ADOPT":
-            op.note = "adopt the newest published version between requests" if sync_alpha.get(
+            new["note"] = "adopt the newest published version between requests" if sync_alpha.get(
                 op.model or "", 0) else "take the new weights"
         elif op.kind == "PUBLISH" and sync_alpha.get(op.model or "", 0):  # rule 4
-            op.note = "publish version n+1 without waiting"
-        out.append(op)
+            new["note"] = "publish version n+1 without waiting"
+        out.append(dataclasses.replace(op, **new))
     return out
 
 
@@ -272,7 +274,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                               bucket_bytes=int((e.defn.bucket_mb or 128) * (1 << 20)),
                               delta=bool(e.defn.delta)))
 
-    settings = worker_settings(g, order, syncs)
+    settings = worker_settings(g, order, syncs, ctx.load_engines)
     tasks, workers = [], []
     for n in order:
         node = g.node(n)
@@ -299,8 +301,9 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
                      if d.replicas > 1 and kinds.KINDS[d.kind].loop == "train" else [])
             workers.append(WorkerPlan(w["id"], n, w["replica"], d.pool, list(w["bundles"]),
                                       plain(w["resources"]),
-                                      [Op(**{**o.__dict__, "fields": list(o.fields),
-                                             "share": list(share) if o.kind == "READ" else []})
+                                      [dataclasses.replace(
+                                          o, fields=list(o.fields),
+                                          share=list(share) if o.kind == "READ" else [])
                                        for o in mine],
                                       w.get("process") or w["id"], list(w.get("devices", [])),
                                       **settings(n, d, mine)))
@@ -314,37 +317,42 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         eval=eval_plan(p, plain))
 
 
-def task_loop(g: Graph, task: str) -> str:
+def task_loop(g: Graph, task: str, load: bool = True) -> str:
     """Rule 9: the loop a task's workers run -- the kind's, except that a ``serve`` kind runs
     ``batches`` unless its engine serves requests (continuous batching) and its ``schedule``
-    asks for it (``queue``; unset: the sim engine's default)."""
+    asks for it (``queue``; unset: what the engine's ``serves_unless_told`` says -- sim's
+    default). ``load``: a plug-in engine may be imported to read its capabilities (not at
+    check, which imports no engine: a plug-in then runs ``batches`` there)."""
     d = g.node(task).defn
     loop = kinds.KINDS[d.kind].loop
     if loop != "serve":
         return loop
     schedule = scheduling(g, task)["schedule"]
-    if schedule == "batch" or not engine_serves(d.engine):
+    if schedule == "batch":
         return "batches"
-    return "serve" if schedule == "queue" or (not schedule and d.engine == "sim") else "batches"
+    caps = capabilities(d.engine, load)  # a plug-in's is imported (load) where it matters
+    if not caps.serves:
+        return "batches"
+    return "serve" if schedule == "queue" or (not schedule and caps.serves_unless_told) else "batches"
 
 
-def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan]):
+def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan], load: bool = True):
     """Rule 9: ``settings(task, defn, ops)`` -> the :class:`WorkerPlan` fields that say what a
     worker of ``task`` does (its loop, the primary trainer, the gate's alphas, ...)."""
     p = g.pipeline
     defs = {n: g.node(n).defn for n in order if not isinstance(g.node(n), SourceNode)}
-    trainers = [n for n, d in defs.items() if d.kind == "train"]
+    trainers = [n for n, d in defs.items() if rules_of(d.kind).trains]
     srcs = [s.src for s in syncs if s.src in trainers]
     primary = (srcs or trainers or [None])[0]
     launch = launch_groups(g) or p.step.prompts_per_step
     first_ready = any(scheduling(g, n)["consume"] == "first_ready" for n in defs)
-    reward = next((f for n in sorted(defs, key=lambda n: defs[n].kind != "reward")
+    reward = next((f for n in sorted(defs, key=lambda n: not rules_of(defs[n].kind).rewards)
                    for f, r in g.meta(n).get("bind_out", []) if r == "reward"), None)
     temperature = next((float(d.args["temperature"]) for d in defs.values()
-                        if d.kind == "rollout" and "temperature" in (d.args or {})), 1.0)
+                        if rules_of(d.kind).samples and "temperature" in (d.args or {})), 1.0)
 
     def settings(task: str, d, ops: list[Op]) -> dict:
-        loop = task_loop(g, task)
+        loop = task_loop(g, task, load)
         chooses = ""
         if loop == "train" and len(trainers) > 1 and (launch != p.step.prompts_per_step
                                                        or first_ready):

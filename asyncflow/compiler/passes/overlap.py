@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import math
 
-from asyncflow.compiler.passes import annotated_copy, micro_batch, topo_order
+from asyncflow.compiler.kinds import rules_of
+from asyncflow.compiler.passes import annotated_copy, micro_batch, scheduling, topo_order
 from asyncflow.compiler.passes.placement import pool_tasks
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph, SourceNode
@@ -53,23 +54,10 @@ def _coarser(a: str, b: str) -> str:
 
 
 def need(graph: Graph, task: str, sync_alpha: dict[str, int]) -> str:
-    """Rules 1-6: the granularity ``task`` needs on its inputs."""
-    from asyncflow.algos import ESTIMATORS
-
+    """Rules 1-6: the granularity ``task`` needs on its inputs (its kind's rules say)."""
     d = graph.node(task).defn
-    if d.kind == "train":  # rules 1, 5; a streaming trainer takes micro-batches at alpha 0 too
-        from asyncflow.compiler.passes import scheduling
-
-        if sync_alpha.get(task, 0) == 0 and not scheduling(graph, task)["stream"]:
-            return "step"
-        return "micro_batch"
-    if d.kind == "advantage":
-        info = ESTIMATORS.get(d.estimator or "")
-        scope = info.scope if info else "sample"
-        return {"batch": "step", "group": "group"}.get(scope, "sample")  # rules 2, 3
-    if d.kind == "filter" and graph.pipeline.step.samples_per_prompt > 1:
-        return "group"  # rule 4
-    return "sample"  # rule 6
+    return rules_of(d.kind).need(d, sync_alpha.get(task, 0), scheduling(graph, task)["stream"],
+                                 graph.pipeline.step.samples_per_prompt)
 
 
 def unit_rows(graph: Graph, gran: str, dst: str) -> int:
@@ -110,10 +98,9 @@ def overlap(graph: Graph, ctx: Context | None = None) -> Graph:
             if gran != "sample":
                 units.append(m["unit_rows"])
         meta["needs"] = nd
-        if ctx is not None and nd == "group" and node.kind == "advantage" and \
-                g.pipeline.step.samples_per_prompt == 1:
-            ctx.diags.add("AF405", node.defn.locs.get("estimator", node.defn.loc),
-                          estimator=node.defn.estimator)
+        if ctx is not None:
+            rules_of(node.kind).check_need(node.defn, nd, g.pipeline.step.samples_per_prompt,
+                                           ctx.diags)
         meta["emits"] = emits
         meta["stage"] = stage
         meta["read_rows"] = min(sps, math.lcm(*units)) if units else 0  # rule 9

@@ -44,12 +44,10 @@ import math
 
 from asyncflow.compiler.passes import annotated_copy, topo_order
 from asyncflow.compiler.runner import Context
+from asyncflow.engines.base import capabilities
 from asyncflow.ir import Graph, TaskNode
 from asyncflow.kinds import KINDS
 
-GPU_ENGINES = ("vllm", "deepspeed")
-# engines whose weights are torch tensors: a sync edge between two of them can be a collective
-TENSOR_ENGINES = ("hf", "deepspeed", "vllm")
 CPU_TASK_RESOURCES = {"CPU": 0}
 
 
@@ -61,7 +59,7 @@ def device_kind(graph: Graph, option: str = "auto") -> str:
     if option == "cpu":
         return "CPU"
     for t in graph.tasks():
-        if t.defn.pool is not None and t.defn.engine in GPU_ENGINES:
+        if t.defn.pool is not None and capabilities(t.defn.engine, load=False).accelerator:
             return "GPU"
     return "CPU"
 

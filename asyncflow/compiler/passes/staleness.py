@@ -29,6 +29,7 @@ Each sync edge gets meta ``model`` (the model whose weights it carries).
 """
 from __future__ import annotations
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.compiler.passes import annotated_copy, topo_order
 from asyncflow.compiler.runner import Context
 from asyncflow.ir import Graph, SourceNode
@@ -66,10 +67,11 @@ def staleness(graph: Graph, ctx: Context | None = None) -> Graph:
             continue
         d = node.defn
         frozen = d.model is not None and d.model in g.pipeline.models and g.pipeline.models[d.model].frozen
-        own = 0 if (d.kind == "train" or frozen) else max(sync_in.get(n, [0]))
+        trains = rules_of(d.kind).trains
+        own = 0 if (trains or frozen) else max(sync_in.get(n, [0]))
         m["own_lag"] = own
         m["lag"] = max([own] + [g.meta(p)["lag"] for p in preds.get(n, [])])
-        if d.kind == "train":
+        if trains:
             m["run_ahead"] = 0
         elif n in sync_in and not frozen:
             m["run_ahead"] = min(sync_in[n])

@@ -8,45 +8,44 @@ at once. The rules, in the order they run (codes in :mod:`asyncflow.diagnostics.
 2. models: init or copy_of, no copy cycle, not trained when frozen, one trainer each (AF31x);
 3. tasks: the keys each kind needs and takes, engine/pool/estimator/loss names, pool sizes,
    the critic (AF32x, AF33x);
-4. ``module:function`` references and files resolve -- found and parsed, never imported (AF34x);
+4. ``module:function`` references and files resolve -- found and parsed, never imported (AF34x;
+   :mod:`asyncflow.compiler.passes.validate_refs`);
 5. weight sync: from a train task to a task on the same model, every user of a trained model
    gets one (AF35x);
-6. batch arithmetic and the known task ``args`` (AF36x);
+6. batch arithmetic and the known task ``args`` (AF36x;
+   :mod:`asyncflow.compiler.passes.validate_args`);
 7. scheduling keys: what each one means in this pipeline (AF38x; which kinds take them is rule
    3's AF326, their values the builder's AF205/AF206/AF202);
 8. the ``eval:`` section: its source, rollout, metric and fields (AF384-AF389; the rules are
    :mod:`asyncflow.compiler.passes.evalplan`'s).
+
+A kind's own checks (rules 3 and 7) are its rules' hooks (:mod:`asyncflow.compiler.kinds`).
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
-from asyncflow.argtable import (ENGINE_ARGS, ENGINE_RUNS, Arg, declared_args, merged, owners,
-                                suggest)
-from asyncflow.datasets import DATA_SUFFIXES  # the data files a source may be
+from asyncflow.compiler.kinds import SyncFacts, rules_of
+from asyncflow.compiler.kinds.base import at as _at
+from asyncflow.compiler.passes.validate_args import KEYS, check_batch
+from asyncflow.compiler.passes.validate_refs import check_init, check_ref, check_source
 from asyncflow.diagnostics import Diagnostics, did_you_mean
 from asyncflow.dsl import ast
-from asyncflow.dsl.build import REF_RE
-from asyncflow.dsl.loc import SourceLoc
+from asyncflow.engines.base import BUILTIN_CAPABILITIES, Capabilities, capabilities, engine_names
 from asyncflow.ir import Graph
-from asyncflow.kinds import ESTIMATORS, KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
-from asyncflow.modelsrc import is_chat
-from asyncflow.refs import (find_file, find_module, function_params, search_path,
-                            top_level_names)
+from asyncflow.kinds import KINDS, LOSSES, REF_KEYS, SCHED_KEYS, sched_owners
 
-# the keys each kind needs and takes, and which kinds must write something: the kinds table
-KEYS = {k: (v.needs, v.takes) for k, v in KINDS.items()}
+# the kinds that must write something: the kinds table
 NEEDS_OUTPUTS = tuple(k for k, v in KINDS.items() if v.needs_outputs)
-# task args that may be a number or a distribution ({dist: ..., seed: ...}): the sim engine's
-# latency and lengths, and a rollout's per-row length cap (long-tailed response lengths)
-DIST_ARGS = tuple(dict.fromkeys(a.name for t in ENGINE_ARGS.values() for a in t
-                                if a.type.endswith("|dist")))
-# kinds whose args go to a user function (``fn:``), besides the compiler's
-FN_KINDS = tuple(k for k, v in KINDS.items() if v.fn_inputs)
+# a plug-in engine is not judged at check by what it carries (AF216 names built-ins only)
+TENSORS = Capabilities(tensors=True)
+
+
+def _caps(engine: str | None) -> Capabilities:
+    """An engine's capabilities as ``check`` knows them: never importing a plug-in."""
+    return capabilities(engine, load=False)
 
 
 def validate(graph: Graph, diags: Diagnostics) -> None:
@@ -55,17 +54,12 @@ def validate(graph: Graph, diags: Diagnostics) -> None:
     _dataflow(graph, diags, clean=not diags.errors)
     _models(p, diags)
     for src in p.data.values():
-        _check_source(p, src, diags)
+        check_source(p, src, diags)
     _tasks(graph, diags)
     _sync(p, diags)
-    _batch(p, diags)
+    check_batch(p, diags)
     _scheduling(p, diags)
     _eval(p, diags)
-
-
-def _at(defn: Any, key: str) -> SourceLoc:
-    """Where ``key`` of ``defn`` is written, else where ``defn`` itself is."""
-    return defn.locs.get(key, defn.loc)
 
 
 def _broken(d: Diagnostics, defn: Any, key: str) -> bool:
@@ -76,10 +70,6 @@ def _broken(d: Diagnostics, defn: Any, key: str) -> bool:
     end = (loc.end_line, loc.end_col) if loc.end_line else (loc.line, loc.col)
     return any(x.loc is not None and x.loc.file == loc.file
                and (loc.line, loc.col) <= (x.loc.line, x.loc.col) <= end for x in d.errors)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # -- 1. data flow -------------------------------------------------------------------------------
@@ -154,7 +144,7 @@ def _models(p: ast.Pipeline, d: Diagnostics) -> None:
         if m.copy_of is not None and m.copy_of not in p.models:
             d.add("AF310", _at(m, "copy_of"), did_you_mean(m.copy_of, p.models), name=m.copy_of)
         if m.init is not None:
-            _check_init(p, m, d)
+            check_init(p, m, d)
     reported: set[str] = set()
     for m in p.models.values():  # copy_of chains
         chain = [m.name]
@@ -190,7 +180,7 @@ def _lora(p: ast.Pipeline, d: Diagnostics) -> None:
             d.add("AF214", _at(m, "lora"), model=m.name, key="",
                   problem="is on a frozen model: nothing trains it (give it to the trained model)")
         for t in p.tasks.values():
-            if t.model == m.name and t.engine and t.engine not in lora.ENGINES + ("sim",):
+            if t.model == m.name and t.engine and not _caps(t.engine).adapters:
                 d.add("AF215", _at(t, "engine"), model=m.name, task=t.name, engine=t.engine,
                       engines=", ".join(lora.ENGINES))
 
@@ -200,9 +190,7 @@ def _sync_method(p: ast.Pipeline, d: Diagnostics) -> None:
     last two belong to a collective edge (written without ``via`` they make it one: lower's
     ``sync_via``); a collective needs both ends' weights to be torch tensors (a built-in engine
     that has none, sim, cannot take part: AF216)."""
-    from asyncflow.compiler.passes.placement import TENSOR_ENGINES
-    from asyncflow.engines.base import BUILTIN
-
+    tensors = [e for e, c in BUILTIN_CAPABILITIES.items() if c.tensors]
     for i, s in enumerate(p.sync):
         edge = dict(edge=i, src=s.src, dst=s.dst)
         given = [k for k, on in (("delta", s.delta), ("bucket_mb", s.bucket_mb is not None)) if on]
@@ -215,93 +203,18 @@ def _sync_method(p: ast.Pipeline, d: Diagnostics) -> None:
             at = _at(s, "via" if s.via else given[0])
             for name in (s.src, s.dst):
                 t = p.tasks.get(name)
-                if t is not None and t.engine in BUILTIN and t.engine not in TENSOR_ENGINES:
+                if t is not None and not BUILTIN_CAPABILITIES.get(t.engine, TENSORS).tensors:
                     d.add("AF216", at, **edge,
                           problem=f"task '{name}' runs on the {t.engine} engine, whose weights "
                                   f"are not tensors to broadcast (a collective needs "
-                                  f"{', '.join(TENSOR_ENGINES)} at both ends; use via: store)")
-
-
-def _check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
-    """Where the model comes from, by the rule ``compile`` and ``run`` use
-    (:func:`asyncflow.modelsrc.locate`: module:factory, a directory beside the pipeline or in
-    the CWD, a hub id in the Hugging Face cache): AF340-AF342, AF344, AF345, AF347; then chat
-    prompts its tokenizer cannot render (AF346)."""
-    from asyncflow.modelsrc import SourceError, locate
-
-    v = m.init
-    loc = _at(m, "init")
-    if REF_RE.match(v):
-        _check_ref(p, v, "init", loc, d)
-        return
-    try:
-        src = locate(v, _bases(p))
-    except SourceError as e:
-        d.add(e.code, loc, **{"model": m.name, "value": v, **e.fields})
-        return
-    if src.path:
-        _check_chat_template(p, m, src.path, d)
-
-
-def _check_chat_template(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnostics) -> None:
-    """AF346: a rollout on model ``m`` (or a copy of it) whose prompt field holds chat messages
-    in the first row of a .jsonl/.json data file, while the tokenizer saved in ``directory`` has
-    no chat template. Reads files only (no torch, no transformers)."""
-    from asyncflow.modelsrc import has_chat_template
-
-    if has_chat_template(directory) is not False:
-        return
-
-    def base(name: str | None) -> str | None:
-        seen = set()
-        while name in p.models and p.models[name].copy_of and name not in seen:
-            seen.add(name)
-            name = p.models[name].copy_of
-        return name
-
-    prompts = {t.inputs[0] for t in p.tasks.values() if t.kind == "rollout" and t.inputs
-               and t.env is None and t.engine != "sim" and base(t.model) == m.name}
-    for src in p.data.values():
-        row = _first_row(p, src) if set(src.fields or ()) & prompts else None
-        for i, f in enumerate(src.fields or ()):
-            if f in prompts and row is not None and is_chat(row.get(f)):
-                d.add("AF346", _at(src, f"fields.{i}"),
-                      "give the tokenizer a chat template (tokenizer.chat_template = ...; "
-                      "tokenizer.save_pretrained(dir)), or store the prompts as strings",
-                      field=f, source=src.name, model=m.name, path=directory)
-
-
-def _first_row(p: ast.Pipeline, src: ast.DataDef) -> dict | None:
-    """The first row of a data source's .jsonl or .json file, or None when it cannot be read
-    cheaply (a factory, another format, a broken file: the data checks report those)."""
-    import json
-
-    v = src.source
-    if not isinstance(v, str) or not v.lower().endswith((".jsonl", ".json")):
-        return None
-    path = _find_file(p, v)
-    if path is None or not path.is_file():
-        return None
-    try:
-        with open(path) as f:
-            if v.lower().endswith(".jsonl"):
-                line = next((ln for ln in f if ln.strip()), None)
-                row = json.loads(line) if line else None
-            else:
-                rows = json.load(f)
-                row = rows[0] if isinstance(rows, list) and rows else None
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return row if isinstance(row, dict) else None
+                                  f"{', '.join(tensors)} at both ends; use via: store)")
 
 
 # -- 3. tasks -------------------------------------------------------------------------------------
 def _tasks(graph: Graph, d: Diagnostics) -> None:
-    from asyncflow.algos import ESTIMATORS, LOSSES
-    from asyncflow.engines.base import engine_names
-
     p = graph.pipeline
     engines = engine_names()
+    unsplittable = _unsplittable(p)
     trainers: dict[str, list[ast.TaskDef]] = {}
     for t in p.tasks.values():
         required, optional = KEYS[t.kind]
@@ -326,9 +239,9 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
             if t.engine not in engines:
                 d.add("AF323", _at(t, "engine"), did_you_mean(t.engine, engines), name=t.engine,
                       known=", ".join(engines))
-            elif t.kind not in ENGINE_RUNS.get(t.engine, (t.kind,)):
+            elif not _caps(t.engine).runs_kind(t.kind):
                 d.add("AF324", _at(t, "engine"), engine=t.engine, kind=t.kind,
-                      kinds=", ".join(ENGINE_RUNS[t.engine]) + " tasks")
+                      kinds=", ".join(_caps(t.engine).runs) + " tasks")
         if t.model is not None and t.model not in p.models:
             d.add("AF310", _at(t, "model"), did_you_mean(t.model, p.models), name=t.model)
         if t.pool is not None:
@@ -340,47 +253,23 @@ def _tasks(graph: Graph, d: Diagnostics) -> None:
                 d.add("AF321", t.locs.get(key, _at(t, "pool")), task=t.name,
                       need=t.replicas * t.devices_per_replica, replicas=t.replicas,
                       dpr=t.devices_per_replica, pool=t.pool, devices=pool.devices)
-        if t.kind == "train" and t.replicas > 1 and t.engine != "deepspeed":
-            # a train replica trains the whole step on its own copy: two would not split the
-            # rows (asyncflow.runtime.worker); deepspeed runs data parallel itself
-            d.add("AF327", t.locs.get("replicas", t.loc), task=t.name, replicas=t.replicas,
-                  engine=t.engine)
-        elif t.kind == "train" and isinstance(t.replicas, int) and t.replicas > 1:
-            # the replicas split each step by group (lower rule 8): the step's groups must be
-            # fixed in advance, not chosen as they become ready
-            why = _unsplittable(p)
-            if why:
-                d.add("AF328", t.locs.get("replicas", t.loc), task=t.name,
-                      replicas=t.replicas, why=why)
-        if t.estimator is not None and t.kind == "advantage":
-            _estimator(graph, t, ESTIMATORS, d)
-        if t.loss is not None and t.kind == "train" and t.loss not in LOSSES:
-            d.add("AF331", _at(t, "loss"), did_you_mean(t.loss, LOSSES), name=t.loss,
-                  known=", ".join(LOSSES))
+        rules_of(t.kind).check_task(p, t, d, unsplittable)
         for key in ("fn", "env"):
             if getattr(t, key) is not None and key in required + optional:
-                _check_ref(p, getattr(t, key), key, _at(t, key), d)
-        if t.kind == "train" and t.model in p.models:
+                check_ref(p, getattr(t, key), key, _at(t, key), d)
+        if rules_of(t.kind).trains and t.model in p.models:
             trainers.setdefault(t.model, []).append(t)
     used_pools = {t.pool for t in p.tasks.values()}
     for pool in p.pools.values():
         if pool.name not in used_pools:
             d.add("AF322", pool.loc, pool=pool.name)
-    if not any(t.kind == "train" for t in p.tasks.values()):
+    if not any(rules_of(t.kind).trains for t in p.tasks.values()):
         d.add("AF363", p.locs.get("tasks", p.loc))
     _trainers(p, trainers, LOSSES, d)
 
 
-def _estimator(graph: Graph, t: ast.TaskDef, estimators: dict, d: Diagnostics) -> None:
-    info = estimators.get(t.estimator)
-    if info is None:
-        d.add("AF330", _at(t, "estimator"), did_you_mean(t.estimator, estimators), name=t.estimator,
-              known=", ".join(estimators))
-        return
-
-
 def _trainers(p: ast.Pipeline, trainers: dict, losses: dict, d: Diagnostics) -> None:
-    critics = {t.model for t in p.tasks.values() if t.kind == "value"}
+    critics = {t.model for t in p.tasks.values() if rules_of(t.kind).critic}
     for model, ts in trainers.items():
         if p.models[model].frozen:
             for t in ts:
@@ -400,105 +289,6 @@ def _trainers(p: ast.Pipeline, trainers: dict, losses: dict, d: Diagnostics) -> 
                       problem="which a value task uses as its critic: train a critic with loss 'value'")
 
 
-# -- 4. references and files ----------------------------------------------------------------------
-def _bases(p: ast.Pipeline) -> list[str]:
-    """Where relative paths and local modules are looked up, as ``run`` looks: the pipeline's
-    directory, the CWD (:func:`asyncflow.refs.search_path`)."""
-    return search_path(p.path or None)
-
-
-def _find_file(p: ast.Pipeline, v: str) -> Path | None:
-    return find_file(v, _bases(p))
-
-
-def _where(p: ast.Pipeline, v: str) -> str:
-    if Path(v).expanduser().is_absolute():
-        return "the file system"
-    return " and ".join(str(b) for b in _bases(p))
-
-
-def _check_ref(p: ast.Pipeline, ref: str, key: str, loc: SourceLoc, d: Diagnostics) -> None:
-    module, _, attr = ref.partition(":")
-    spec = find_module(module, _bases(p))
-    if spec is None:
-        d.add("AF340", loc, f"not found on sys.path nor in {_where(p, 'x')}", module=module, key=key,
-              ref=ref)
-        return
-    names = top_level_names(spec)
-    top = attr.split(".")[0]
-    if names is None or top in names:
-        return
-    if spec.submodule_search_locations and find_module(f"{module}.{top}", []) is not None:
-        return
-    if isinstance(names, SyntaxError):
-        d.add("AF341", loc, f"the module does not parse (line {names.lineno}: {names.msg})",
-              module=module, attr=top, key=key, ref=ref)
-        return
-    d.add("AF341", loc, did_you_mean(top, [n for n in names if not n.startswith("_")]),
-          module=module, attr=top, key=key, ref=ref)
-
-
-
-
-def _check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
-    """A data source is found as ``run`` reads it (:func:`asyncflow.runtime.data.read_source`):
-    a ``module:function``, a directory (``save_to_disk``'s or ``load_dataset``'s), a .jsonl,
-    .json or .parquet file, or a hub data set ``org/name[@revision]``; ``split:`` only where the
-    source has splits, and one it has where that is cheap to know (AF390)."""
-    from asyncflow import datasets
-
-    loc = _at(src, "source")
-    v = src.source
-    if not isinstance(v, str):
-        return
-    bad_split = lambda problem, hint=None: d.add("AF390", _at(src, "split"), hint,  # noqa: E731
-                                                 source=src.name, problem=problem)
-    found = None if REF_RE.match(v) else _find_file(p, v)
-    if REF_RE.match(v):
-        _check_ref(p, v, "source", loc, d)
-        if src.split is not None:
-            bad_split('split applies to a data set directory or a hub data set; a "module:function" '
-                      "source returns its rows (choose them with its args)")
-    elif found is not None and found.is_dir():
-        _check_data_dir(src, v, found, d, bad_split)
-    elif v.lower().endswith(DATA_SUFFIXES):
-        if found is None:
-            d.add("AF342", loc, key="source", path=v, where=_where(p, v))
-        if src.split is not None:
-            bad_split(f"a {Path(v).suffix} file has no splits (split applies to a data set "
-                      "directory or a hub data set): drop it, or keep each split in its own file")
-    elif found is None and datasets.HUB_DATA_ID.match(v):
-        repo, rev = datasets.HUB_DATA_ID.match(v).group("repo", "rev")
-        if datasets.offline() and not datasets.hub_cached(repo, rev):
-            caches = " nor ".join(str(c) for c in datasets.hub_caches())
-            d.add("AF342", loc, key="source", path=v,
-                  where=f"{_where(p, v)}; as a hub data set, not in the Hugging Face cache ({caches}) "
-                        "and HF_HUB_OFFLINE is set, so nothing is downloaded")
-    elif found is None and ("/" in v or v.startswith((".", "~"))):
-        d.add("AF342", loc, key="source", path=v, where=_where(p, v))
-    else:
-        d.add("AF343", loc, source=src.name, value=v)
-
-
-def _check_data_dir(src: ast.DataDef, v: str, found: Path, d: Diagnostics, bad_split) -> None:
-    from asyncflow import datasets
-
-    splits = datasets.saved_splits(found)
-    if splits is None:  # not save_to_disk's: load_dataset's data files (split names not cheap)
-        if not datasets.has_data_files(found):
-            d.add("AF391", _at(src, "source"), source=src.name, path=v)
-        return
-    if src.split is None:
-        if len(splits) > 1:
-            d.add("AF390", _at(src, "source"), source=src.name,
-                  problem=f"'{v}' holds the splits {', '.join(splits)}: say which with `split:`")
-        return
-    base = src.split.split("[")[0]  # train[:100]: a slice of a split
-    if base not in splits:
-        has = f"its splits are {', '.join(splits)}" if splits else "it is one data set with no split names"
-        bad_split(f"'{v}' has no split '{base}': {has}", did_you_mean(base, splits))
-
-
 # -- 5. weight sync -------------------------------------------------------------------------------
 def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
     seen: set[tuple[str, str]] = set()
@@ -516,7 +306,7 @@ def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
             continue
         seen.add((s.src, s.dst))
         src, dst = p.tasks[s.src], p.tasks[s.dst]
-        if src.kind != "train":
+        if not rules_of(src.kind).trains:
             d.add("AF351", _at(s, "src"), task=src.name, kind=src.kind)
             continue
         synced.add((src.name, dst.name))
@@ -533,14 +323,14 @@ def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
                   problem=f"it uses model '{dst.model}', not '{src.model}' that '{src.name}' trains")
     trainer = {}
     for t in p.tasks.values():
-        if t.kind == "train" and t.model in p.models and not p.models[t.model].frozen:
+        if rules_of(t.kind).trains and t.model in p.models and not p.models[t.model].frozen:
             trainer.setdefault(t.model, t.name)
     # (trainer's model, receiving task) pairs that a sync edge connects: one pass, not one per task
     synced_models = {(p.tasks[a].model, b) for a, b in synced
-                     if a in p.tasks and p.tasks[a].kind == "train"}
+                     if a in p.tasks and rules_of(p.tasks[a].kind).trains}
     for t in p.tasks.values():
         tr = trainer.get(t.model)
-        if tr is None or t.kind == "train" or "model" not in KEYS[t.kind][0]:
+        if tr is None or rules_of(t.kind).trains or "model" not in KEYS[t.kind][0]:
             continue
         if (t.model, t.name) not in synced_models:
             d.add("AF354", _at(t, "model"),
@@ -549,139 +339,11 @@ def _sync(p: ast.Pipeline, d: Diagnostics) -> None:
                   task=t.name, model=t.model, trainer=tr)
 
 
-# -- 6. batches and args --------------------------------------------------------------------------
-def _batch(p: ast.Pipeline, d: Diagnostics) -> None:
-    total = p.step.samples_per_step
-    plugins: dict[str, tuple[Arg, ...] | str] = {}  # plug-in engine -> its ARGS, or why none
-    for t in p.tasks.values():
-        unknown = _args(p, t, d, plugins)
-        for section, key in [("args", k) for k in DIST_ARGS if k not in unknown]:
-            spec = getattr(t, section).get(key)
-            problem = _distribution_problem(spec) if spec is not None else None
-            if problem:
-                d.add("AF362", _at(t, f"{section}.{key}"), key=f"{section}.{key}", task=t.name,
-                      problem=problem)
-        mb = t.args.get("micro_batch")
-        if not (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1) or "micro_batch" in unknown:
-            continue
-        reps = t.replicas if t.kind == "train" else 1
-        unit = mb * reps
-        if total % unit:
-            what = f"micro_batch {mb}" if reps == 1 else f"replicas x micro_batch = {reps} x {mb} = {unit}"
-            divs = [str(k) for k in range(1, total + 1) if total % (k * reps) == 0][:12]
-            d.add("AF360", _at(t, "args.micro_batch"),
-                  f"micro_batch values that fit: {', '.join(divs)}", total=total, what=what, task=t.name)
-
-
-def _args(p: ast.Pipeline, t: ast.TaskDef, d: Diagnostics, plugins: dict) -> set[str]:
-    """Every arg of ``t`` is declared by one of its owners (:func:`asyncflow.argtable.owners`:
-    its engine for its kind, its loss or estimator, the compiler) or accepted by its user
-    function (``fn:``, or a rollout's ``env:`` factory, read from source; a function that takes
-    ``**kwargs`` or cannot be read accepts anything), and a declared one has its type (AF211)
-    and bounds (AF361). An unknown arg is AF210, one a function does not take AF212. A plug-in
-    engine without a readable ``ARGS`` leaves its tasks unchecked (AF213, once per engine).
-    Returns the args reported (unknown, or of a wrong type or value)."""
-    if not t.args:
-        return set()
-    takes = KEYS[t.kind][0] + KEYS[t.kind][1]
-    engine = t.engine if "engine" in takes else None
-    engine_args = None
-    checked = True  # whether every owner is known, so an arg none declares is unknown
-    if engine is not None and engine not in ENGINE_ARGS:
-        from asyncflow.engines.base import engine_names
-
-        target = engine_names().get(engine)
-        if target is None:  # AF323 already
-            checked = False
-        else:
-            if engine not in plugins:
-                plugins[engine] = declared_args(target, _bases(p))
-                if isinstance(plugins[engine], str):
-                    d.add("AF213", _at(t, "engine"), engine=engine, why=plugins[engine])
-            if isinstance(plugins[engine], str):
-                checked = False
-            else:
-                engine_args = plugins[engine]
-    if (t.kind == "train" and t.loss not in LOSSES) or (
-            t.kind == "advantage" and t.estimator not in ESTIMATORS):
-        checked = False  # AF331 / AF330 / AF325 already
-    table = owners(t.kind, engine, t.loss, t.estimator, engine_args)
-    known = merged(table)
-    fn_key = "fn" if t.kind in FN_KINDS else ("env" if t.kind == "rollout" and t.env else None)
-    ref = getattr(t, fn_key) if fn_key else None
-    params = function_params(ref, _bases(p)) if ref else None
-    fn_open = ref is not None and (params is None or params.var_keyword)
-    unknown: set[str] = set()
-    for key, v in t.args.items():
-        vloc = _at(t, f"args.{key}")
-        loc = _key_at(d, vloc, key)
-        a = known.get(key)
-        if a is not None:
-            found = a.problem(v)
-            if found:  # a wrong type at the key (up to the value's end), a bound at the value
-                code, expected = found
-                if code == "AF211" and loc != vloc:
-                    loc = SourceLoc(loc.file, loc.line, loc.col, vloc.end_line or vloc.line,
-                                    vloc.end_col or vloc.col)
-                d.add(code, loc if code == "AF211" else vloc, key=key, task=t.name,
-                      expected=expected, got=_shown(v))
-                unknown.add(key)  # reported: not again as a distribution (AF362)
-            continue
-        if fn_open or not checked or (params is not None and params.accepts(key)):
-            continue
-        unknown.add(key)
-        names = list(known) + [n for n in (params.positional + params.keyword_only if params else ())
-                               if n not in known]
-        hint = suggest(key, names) or (f"it takes: {', '.join(names)}" if names
-                                       else "it takes no args")
-        if t.kind in FN_KINDS and ref is not None:
-            d.add("AF212", loc, hint, key=key, task=t.name, fn=ref)
-            continue
-        whose = [who for who, args in table if args]
-        if ref is not None:
-            whose.append(f"the parameters of env {ref}")
-        d.add("AF210", loc, hint, key=key, task=t.name,
-              owners=", ".join(whose[:-1]) + (" nor " if len(whose) > 1 else "") + whose[-1]
-              if whose else "nothing: it takes no args")
-    return unknown
-
-
-def _key_at(d: Diagnostics, loc: SourceLoc, key: str) -> SourceLoc:
-    """Where ``key`` is written before its value at ``loc`` (``key: v`` in YAML, ``key=v`` in the
-    DSL and in ``--set``), on the value's line; the value's place when the key is elsewhere."""
-    text = d.sources.line(loc) if loc.line else None
-    if not text:
-        return loc
-    hits = [m for m in re.finditer(rf"(?<![\w-])['\"]?({re.escape(key)})['\"]?\s*[:=]", text)
-            if m.end() <= loc.col - 1 + 1]
-    if not hits:
-        return loc
-    col = hits[-1].start(1) + 1
-    return SourceLoc(loc.file, loc.line, col, loc.line, col + len(key))
-
-
-def _shown(v: Any) -> str:
-    """A value as a message shows it: numbers, strings, bools and null by value, else its type."""
-    if v is None or isinstance(v, (int, float, str, bool)):
-        return repr(v)
-    if isinstance(v, list):
-        return f"a list of {len(v)}"
-    return "a mapping" if isinstance(v, dict) else type(v).__name__
-
-
 def _unsplittable(p: ast.Pipeline) -> str | None:
     """Why a data-parallel trainer's steps cannot be split between its replicas in advance
     (lower rule 8), if they cannot: a step's rows are chosen as they become ready."""
-    from asyncflow.kinds import SCHED
-
-    for u in p.tasks.values():
-        if u.kind == "train" and u.consume == "first_ready":
-            return f"train task '{u.name}' consumes first_ready"
-        if u.kind == "rollout" and _is_num(u.redundancy) and u.redundancy > 1:
-            return f"rollout '{u.name}' has redundancy {u.redundancy:g}"
-        if u.kind == "filter" and (u.refill if u.refill is not None else SCHED["refill"].default):
-            return f"filter '{u.name}' refills the groups it drops"
-    return None
+    return next((why for u in p.tasks.values() if (why := rules_of(u.kind).unsplittable(u))),
+                None)
 
 
 # -- 7. scheduling keys ---------------------------------------------------------------------------
@@ -689,53 +351,14 @@ def _scheduling(p: ast.Pipeline, d: Diagnostics) -> None:
     """What a scheduling key written in the source does here: the ones that can do nothing are
     warned about (AF380-AF383). Keys on a kind that does not take them are rule 3's AF326."""
     trained = {t.model for t in p.tasks.values()
-               if t.kind == "train" and t.model in p.models and not p.models[t.model].frozen}
-    synced = {s.dst for s in p.sync if s.src in p.tasks and p.tasks[s.src].kind == "train"}
+               if rules_of(t.kind).trains and t.model in p.models and not p.models[t.model].frozen}
+    synced = {s.dst for s in p.sync if s.src in p.tasks and rules_of(p.tasks[s.src].kind).trains}
     alpha: dict[str, int] = {}  # train task -> the largest max_staleness of its sync edges
     for s in p.sync:
         alpha[s.src] = max(alpha.get(s.src, 0), s.max_staleness)
-    sps = p.step.samples_per_step
+    facts = SyncFacts(frozenset(trained), frozenset(synced), alpha, p.step.samples_per_step)
     for t in p.tasks.values():
-        if t.kind == "rollout":
-            if t.on_update is not None and t.name not in synced:
-                d.add("AF380", _at(t, "on_update"), value=t.on_update, task=t.name,
-                      why="no sync edge brings it new weights")
-            elif t.on_update in ("abort", "continue") and t.schedule == "batch":
-                d.add("AF380", _at(t, "on_update"),
-                      "drop on_update, or use schedule: queue", value=t.on_update, task=t.name,
-                      why="with schedule: batch it takes up new weights between engine calls, "
-                          "when no sample is in flight")
-            if _is_num(t.redundancy) and t.redundancy > 1 and t.model not in trained:
-                why = (f"its model '{t.model}' is not trained, and a step launches extra groups "
-                       "only for the rollouts on a trained model" if trained
-                       else "no train task updates a model, so a step launches no extra groups")
-                d.add("AF381", _at(t, "redundancy"), value=f"{t.redundancy:g}", task=t.name, why=why)
-        elif t.kind == "train":
-            if t.consume == "first_ready" and alpha.get(t.name, 0) == 0:
-                d.add("AF382", _at(t, "consume"), "raise the sync edge's max_staleness, or drop "
-                      "consume", task=t.name)
-            mb = t.args.get("micro_batch")
-            if t.stream is True and (mb is None or (isinstance(mb, int) and not isinstance(mb, bool)
-                                                    and mb >= sps)):
-                why = ("it has no args.micro_batch, so a step is one micro-batch" if mb is None
-                       else f"micro_batch {mb} is the whole step ({sps} samples)")
-                d.add("AF383", _at(t, "stream"), task=t.name, why=why)
-
-
-def _distribution_problem(v: Any) -> str | None:
-    """What is wrong with a latency spec (a number of seconds or a distribution), if anything:
-    the one reading the sim engine and the cost model share (:mod:`asyncflow.costmodel`)."""
-    from asyncflow.costmodel import DISTS, Distribution
-
-    if isinstance(v, dict) and "dist" in v and not isinstance(v["dist"], str):
-        return f"'dist' must be one of {', '.join(DISTS)}, not {v['dist']!r}"
-    try:
-        Distribution.from_spec(v)
-    except ValueError as exc:
-        return str(exc)
-    except TypeError:  # a value of a type the spec reader does not expect
-        return "not a number of seconds nor a distribution {dist: NAME, ...}"
-    return None
+        rules_of(t.kind).check_scheduling(t, facts, d)
 
 
 __all__ = ["validate"]
@@ -755,7 +378,7 @@ def _eval(p: ast.Pipeline, d: Diagnostics) -> None:
     for code, key, fmt in resolve(p).problems:
         d.add(code, _at(e, key) if key else e.loc, **fmt)
     if e.fn is not None:
-        _check_ref(p, e.fn, "fn", _at(e, "fn"), d)
+        check_ref(p, e.fn, "fn", _at(e, "fn"), d)
     if e.every is not None and e.every > p.step.steps:
         d.add("AF388", _at(e, "every"), every=e.every, steps=p.step.steps)
     if e.greedy and e.temperature is not None:

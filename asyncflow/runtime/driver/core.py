@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow import refs
 from asyncflow.plan import Plan
 from asyncflow.runtime.backends import make_backend
@@ -161,7 +162,7 @@ class Driver:
         write_plan(self.out_dir, plan)
         phase = self._phases()
         self._start_backend(phase, resumed)
-        trainers = [t.name for t in plan.tasks if t.kind == "train"]
+        trainers = [t.name for t in plan.tasks if rules_of(t.kind).trains]
         self.t0 = time.time()
         book = StepBook(plan, trainers, start, self._primary(trainers), self.t0, self.exports)
         records = RunRecords(self.out_dir, resumed, loggers=self.loggers,

@@ -102,7 +102,7 @@ class Feeder:
             return
         groups = filtered_rows // st.samples_per_prompt
         if groups > REFILL_ROUNDS * self.launch:
-            tasks = [t for t in self.plan.tasks if t.kind == "filter" and t.refill]
+            tasks = [t for t in self.plan.tasks if t.refill]  # only a filter refills
             raise fault("AF635", groups=groups, rounds=REFILL_ROUNDS, tasks=", ".join(
                 f"{t.name!r} ({t.loc})" if t.loc else repr(t.name) for t in tasks))
 

@@ -7,6 +7,7 @@ each report their share of a step (lower rule 8), merged into the task's report 
 """
 from __future__ import annotations
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Plan
 from asyncflow.runtime.trace import mean_std
 
@@ -24,7 +25,7 @@ class StepBook:
         self.drops: dict[str, int] = {}
         self.done: dict[str, int] = {t: start for t in trainers}  # task -> steps trained
         self.pending: dict[int, dict] = {}  # step -> {task: report}
-        self.n_replicas = {t.name: t.replicas for t in plan.tasks if t.kind == "train"}
+        self.n_replicas = {t.name: t.replicas for t in plan.tasks if rules_of(t.kind).trains}
         self.shares: dict[tuple, dict] = {}  # (step, task) -> {replica: report}
         self.last = {"t": t0, "busy": {}, "exposed": {}, "drops": 0}
 

@@ -10,6 +10,7 @@ import logging
 import os
 import time
 
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Plan
 from asyncflow.runtime.control import ControlLost
 from asyncflow.runtime.faults import RunError, by_worker, fault, is_actor, lost, worker_error
@@ -121,7 +122,7 @@ class Supervisor:
                 self.check_workers()
                 self.write_workers()
                 continue
-            if task.kind == "train":
+            if rules_of(task.kind).trains:
                 self.status[wid] = "dead"
                 if not self.checkpoint_every:
                     raise fault("AF633", worker=wid, task=task.name, cause=cause)

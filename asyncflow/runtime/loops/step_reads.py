@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from asyncflow.engines.base import class_capabilities
 from asyncflow.plan import Op
 from asyncflow.runtime.signals import Stop
 
@@ -31,7 +32,7 @@ class StepReads:
         if "step" not in it:
             self.claim_step(it)
         leases = self._step_leases(op, it["step"], it.setdefault("leases", []))
-        if self.loop == "train" and self.task.stream and hasattr(self.engine, "train_stream"):
+        if self.loop == "train" and self.task.stream and class_capabilities(type(self.engine)).train_stream:
             it["stream"] = leases
             return True
         for _ in leases:
