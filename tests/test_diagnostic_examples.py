@@ -12,6 +12,8 @@ real function that decides it that machine's description.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import socket
@@ -119,7 +121,8 @@ def a_split_the_directory_lacks(tmp_path, monkeypatch):
     p = _data_pipeline(tmp_path, ROW)
     p.write_text(p.read_text().replace("source: rows.jsonl", "source: data"))
     plan = compile_file(str(p))
-    plan.data[0].split = "validation"  # a plan.json edited by hand: its split is not there
+    # a plan.json edited by hand: its split is not there
+    plan = dataclasses.replace(plan, data=[dataclasses.replace(plan.data[0], split="validation")])
     load_prompts(plan, warn=lambda msg: None)
 
 
@@ -339,7 +342,7 @@ def simulate_a_plan_that_cannot_finish(tmp_path, monkeypatch):
     from asyncflow.commands.simulate import run_one
 
     plan = _sim_plan()
-    plan.workers = [w for w in plan.workers if w.task != "update"]  # nobody trains
+    plan = dataclasses.replace(plan, workers=[w for w in plan.workers if w.task != "update"])  # nobody trains
     run_one(plan, 2)
 
 
