@@ -5,7 +5,8 @@ One tiny ``--backend local`` run of pipelines/grpo_digits.yaml (3 steps, a check
 transformers and hold exactly the weights of the trainer's last published version; ``asyncflow
 export`` must write a checkpoint's weights in the model's dtype; the README's lines must run on
 the export as written. The error cases of ``asyncflow export`` are AF660-AF664, never a
-traceback. One Ray run (the default backend) checks ``final/`` and the summary line.
+traceback. One Ray run (the default backend; the shipped pipeline's run that
+test_trace_vs_plan.py checks too, tests/shared_runs.py) checks ``final/`` and the summary line.
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
+import shared_runs
+from shared_runs import shipped_run
 
 from asyncflow import hfdir
 from asyncflow.runtime import checkpoint, export
@@ -336,21 +337,19 @@ def test_sim_engine_run_exports_nothing_and_export_says_why(capsys, tmp_path):
 # ------------------------------------------------------------------ the Ray backend
 @pytest.mark.ray
 @pytest.mark.engine
-def test_ray_run_writes_final(tmp_path):
+def test_ray_run_writes_final(tmp_path_factory):
     pytest.importorskip("ray")
     pytest.importorskip("transformers")
-    out = str(tmp_path / "run")
-    cmd = [sys.executable, "-m", "asyncflow.cli", "run", PIPELINE, "--steps", "2", "--quiet",
-           "--out", out] + [a for s in SETS for a in ("--set", s)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert p.returncode == 0, p.stdout + p.stderr
-    final = os.path.join(out, "final", "policy")
-    assert f"trained model policy: {os.path.abspath(final)} (float32)" in p.stdout
+    # asyncflow run pipelines/grpo_digits.yaml --backend ray --steps 3: the run
+    # test_trace_vs_plan.py holds against its plan (tests/shared_runs.py)
+    run = shipped_run(tmp_path_factory, "grpo_digits.yaml", "ray").ok()
+    final = os.path.join(run.out, "final", "policy")
+    assert f"trained model policy: {os.path.abspath(final)} (float32)" in run.stdout
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     AutoModelForCausalLM.from_pretrained(final)
     AutoTokenizer.from_pretrained(final)
-    assert json.load(open(os.path.join(final, export.INFO)))["version"] == 2
+    assert json.load(open(os.path.join(final, export.INFO)))["version"] == shared_runs.STEPS
 
 
 @pytest.mark.engine

@@ -69,9 +69,31 @@ def test_trainer_trains_the_adapter_and_a_sync_sends_only_it():
 PIPELINE = (ROOT / "pipelines" / "grpo_digits.yaml").read_text()
 
 
-def test_a_lora_run_exports_the_merged_model_and_the_adapter(tmp_path):
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    """``asyncflow ARGS`` in this process (torch, transformers and peft are imported already,
+    a subprocess would import them again): (exit code, stdout + stderr)."""
+    from asyncflow.cli import main
+
+    capsys.readouterr()
+    try:
+        main(list(args))
+        rc = 0
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    got = capsys.readouterr()
+    return rc, got.out + got.err
+
+
+def test_a_lora_run_exports_the_merged_model_and_the_adapter(tmp_path, capsys):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncflow.models import tiny_decoder
+
     p = tmp_path / "p.yaml"
     p.write_text(PIPELINE)
+    # the run in a process of its own: run in this one, after the test above built LoRA engines
+    # here, its merged export did not equal base + adapter (diff 0.7; to look into)
     cmd = [sys.executable, "-m", "asyncflow.cli", "run", str(p), "--backend", "local", "--steps", "3",
            "--out", str(tmp_path / "run"), "--quiet", "--checkpoint-every", "1",
            "--set", "models.policy.lora={r: 4, alpha: 16}", "--set", "step.prompts_per_step=4",
@@ -82,30 +104,20 @@ def test_a_lora_run_exports_the_merged_model_and_the_adapter(tmp_path):
     cfg = json.loads((final / "adapter" / "adapter_config.json").read_text())
     assert cfg["r"] == 4 and cfg["lora_alpha"] == 16
     # the merged export equals the initial model with the exported adapter applied (peft)
-    code = f"""
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from peft import PeftModel
-from asyncflow.models import tiny_decoder
-d = {str(final)!r}
-merged, tok = AutoModelForCausalLM.from_pretrained(d), AutoTokenizer.from_pretrained(d)
-initial = tiny_decoder(layers=2, hidden=64)[0]
-ids = tok("12+34=", return_tensors="pt")
-with torch.no_grad():
-    base = initial(**ids).logits
-    with_adapter = PeftModel.from_pretrained(initial, d + "/adapter")
-    a, b = merged(**ids).logits, with_adapter(**ids).logits
-print("diff", float((a - b).abs().max()), "moved", float((a - base).abs().max()))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    diff, moved = (float(x) for x in out.stdout.split()[1::2])
-    assert diff < 1e-4 and moved > 1e-3, out.stdout  # merged == base + adapter, and it trained
+    merged = AutoModelForCausalLM.from_pretrained(str(final))
+    tok = AutoTokenizer.from_pretrained(str(final))
+    initial = tiny_decoder(layers=2, hidden=64)[0]
+    ids = tok("12+34=", return_tensors="pt")
+    with torch.no_grad():
+        base = initial(**ids).logits
+        with_adapter = PeftModel.from_pretrained(initial, str(final / "adapter"))
+        a, b = merged(**ids).logits, with_adapter(**ids).logits
+    diff, moved = float((a - b).abs().max()), float((a - base).abs().max())
+    assert diff < 1e-4 and moved > 1e-3, (diff, moved)  # merged == base + adapter, and it trained
     # an earlier step's export, from its checkpoint, has its adapter too
-    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "export", str(tmp_path / "run"),
-                        "--step", "2", "-o", str(tmp_path / "step2")],
-                       capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rc, text = _cli(capsys, "export", str(tmp_path / "run"), "--step", "2",
+                    "-o", str(tmp_path / "step2"))
+    assert rc == 0, text[-3000:]
     step2 = tmp_path / "step2" / "policy"
     assert json.loads((step2 / "adapter" / "adapter_config.json").read_text())["r"] == 4
     assert (step2 / "adapter" / "adapter_model.safetensors").read_bytes() != \

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import json
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from shared_runs import shipped_run
 
 from asyncflow.engines import multiturn
 from asyncflow.envs import DigitsDialogue, digits_dialogue
@@ -320,13 +319,10 @@ def test_engine_spec_passes_env_and_the_args_the_factory_accepts(monkeypatch):
 
 
 @pytest.mark.engine
-def test_cli_runs_the_agentic_pipeline(tmp_path):
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run",
-                        "pipelines/agentic_multiturn.yaml", "--steps", "3", "--backend", "local",
-                        "--out", str(out), "--quiet"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+def test_cli_runs_the_agentic_pipeline(tmp_path_factory):
+    # asyncflow run pipelines/agentic_multiturn.yaml --steps 3 --backend local, the run
+    # test_trace_vs_plan.py holds against its plan (tests/shared_runs.py)
+    out = Path(shipped_run(tmp_path_factory, "agentic_multiturn.yaml", "local").ok().out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in rows] == [0, 1, 2]
     assert all(m["samples"] == 32 * 8 for m in rows)

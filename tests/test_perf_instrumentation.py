@@ -4,28 +4,24 @@ the sim engine's keyed draws, and the serve rollout's one-read-per-pull plan."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_runs import shipped_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = str(ROOT / "pipelines" / "sim_longtail.yaml")
-FAST = ["--set", "tasks.generate.args.latency.max=0.02", "--set",
-        "tasks.update.args.seconds_per_sample=0.0002"]
 PHASES = ["imports and compile", "backend", "store and control", "workers placed", "workers ready"]
 
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("run") / "r"
-    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", SIM, "--backend", "local",
-                        "--quiet", "--steps", "3", "--out", str(d), *FAST],
-                       capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return d, r.stdout
+    """``asyncflow run pipelines/sim_longtail.yaml --backend local --steps 3`` (latencies
+    shrunk), a CLI process: the run test_trace_vs_plan.py holds against its plan
+    (tests/shared_runs.py)."""
+    r = shipped_run(tmp_path_factory, "sim_longtail.yaml", "local").ok()
+    return Path(r.out), r.stdout
 
 
 def test_start_up_phases_are_printed_and_in_the_trace(local_run):

@@ -18,25 +18,18 @@ import glob
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from collections import defaultdict
 
 import pytest
+from shared_runs import shipped_run
 
 from asyncflow.engines.base import load_engine_class
 from asyncflow.plan import Plan
 from asyncflow.viz.timeline import EVENTS
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 3
 # dapo.yaml runs on the local backend only: on Ray it took 31 s, the most of any (CI's budget)
 RAY_SUBSET = ("grpo_digits.yaml", "sim_longtail.yaml", "ppo_gae.yaml", "agentic_multiturn.yaml")
-SHRINK = {  # tiny latencies for the sim pipelines
-    "sim_longtail": ["--set", "tasks.generate.args.latency.median=0.002",
-                     "--set", "tasks.generate.args.latency.max=0.02",
-                     "--set", "tasks.update.args.seconds_per_sample=0.0001"],
-}
 
 
 def _runnable(path: str) -> bool:
@@ -51,14 +44,6 @@ PIPELINES = sorted(p for p in glob.glob(os.path.join(HERE, "pipelines", "*.yaml"
 CASES = [pytest.param(p, "local", id=f"{os.path.basename(p)}-local") for p in PIPELINES] + [
     pytest.param(p, "ray", id=f"{os.path.basename(p)}-ray")
     for p in PIPELINES if os.path.basename(p) in RAY_SUBSET]
-
-
-def run(path: str, backend: str, out: str) -> None:
-    stem = os.path.splitext(os.path.basename(path))[0]
-    cmd = [sys.executable, "-m", "asyncflow.cli", "run", path, "--backend", backend, "--out", out,
-           "--quiet", "--steps", str(STEPS), *SHRINK.get(stem, [])]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
 
 def check(out: str) -> None:
@@ -130,7 +115,6 @@ def check(out: str) -> None:
 
 
 @pytest.mark.parametrize("path,backend", CASES)
-def test_trace_matches_plan(path, backend, tmp_path):
-    out = str(tmp_path / "run")
-    run(path, backend, out)
-    check(out)
+def test_trace_matches_plan(path, backend, tmp_path_factory):
+    # the same run other files read other facts of (tests/shared_runs.py)
+    check(shipped_run(tmp_path_factory, os.path.basename(path), backend).ok().out)

@@ -59,7 +59,12 @@ def test_trainer_death_without_checkpoints_is_a_clear_error(tmp_path):
 
 
 def test_max_restarts_0_makes_a_death_fatal(tmp_path):
-    r, _ = run_cli(tmp_path, "--inject", "kill@step1:generate/2", "--max-restarts", "0", steps=4)
+    # 4 slots a replica (16 in all, half a step's 32 rows): every replica has work at every step,
+    # so generate/2 reaches step 1's rows (where it kills itself) before the run can end without
+    # it; with the pipeline's 16 slots two replicas could take whole steps, and on a loaded
+    # machine the run ended (exit 0) before generate/2 ever read a row of step 1
+    r, _ = run_cli(tmp_path, "--inject", "kill@step1:generate/2", "--max-restarts", "0", steps=4,
+                   sets=["tasks.generate.args.slots=4"])
     assert r.returncode == 1
     assert "AF631" in r.stderr and "generate/2" in r.stderr and "--max-restarts 0" in r.stderr
     assert (tmp_path / "run" / "trace.json").exists()

@@ -1,0 +1,59 @@
+"""One run of a shipped pipeline, shared by every test that reads facts of it.
+
+Several test files run the same shipped pipeline with the same command line (``asyncflow run
+pipelines/<name> --backend B --steps 3 --quiet``) and only read different facts of the result:
+test_trace_vs_plan.py holds each run's trace against its plan, test_multiturn.py reads the
+agentic pipeline's metrics, test_export.py the Ray run's ``final/``, test_perf_instrumentation.py
+the start-up phases of the sim run. :func:`shipped_run` runs each (pipeline, backend) once per
+pytest session, in a subprocess as the user would, and hands every caller the same
+:class:`Run` (read it, never write into it). A failed run fails each test that asks for it,
+with the run's output.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3
+# per pipeline stem: shorter sim latencies (the claims read do not depend on them)
+SHRINK = {
+    "sim_longtail": ["--set", "tasks.generate.args.latency.median=0.002",
+                     "--set", "tasks.generate.args.latency.max=0.02",
+                     "--set", "tasks.update.args.seconds_per_sample=0.0001"],
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished ``asyncflow run``: its run directory and what the command printed."""
+    out: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def ok(self) -> "Run":
+        """This run, after asserting it exited 0 (else the end of its output)."""
+        assert self.returncode == 0, self.stdout[-3000:] + self.stderr[-3000:]
+        return self
+
+
+_RUNS: dict[tuple[str, str], Run] = {}
+
+
+def shipped_run(tmp_path_factory, name: str, backend: str) -> Run:
+    """``asyncflow run pipelines/<name> --backend <backend> --steps 3 --quiet`` (sim latencies
+    shrunk), run once per session from the repository root into a directory of pytest's
+    session-wide ``tmp_path_factory``; the same :class:`Run` after."""
+    key = (name, backend)
+    if key not in _RUNS:
+        stem = os.path.splitext(name)[0]
+        out = str(tmp_path_factory.mktemp(f"shared-{stem}-{backend}") / "run")
+        cmd = [sys.executable, "-m", "asyncflow.cli", "run", os.path.join(ROOT, "pipelines", name),
+               "--backend", backend, "--out", out, "--quiet", "--steps", str(STEPS),
+               *SHRINK.get(stem, [])]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        _RUNS[key] = Run(out, p.returncode, p.stdout, p.stderr)
+    return _RUNS[key]
