@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncflow.engines.base import BUILTIN_CAPABILITIES
+from asyncflow.kinds import KINDS
 
 # -- types: what an arg's value may be -----------------------------------------------------------
 TYPES = {  # type -> how messages and docs say it
@@ -54,7 +55,7 @@ TYPES = {  # type -> how messages and docs say it
     "num|dist": "a number or a distribution {dist: ...}",
 }
 
-ALL_KINDS = ("rollout", "reward", "logprob", "value", "advantage", "train", "filter", "custom")
+ALL_KINDS = tuple(KINDS)  # every task kind of the kinds table
 
 
 @dataclass(frozen=True)
