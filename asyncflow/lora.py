@@ -72,15 +72,23 @@ def wrap(model, engine_spec, train: bool):
     have) is AF653, located at the model's ``init``, naming the model's linear layers."""
     from peft import LoraConfig, get_peft_model
 
+    import torch
+
+    from asyncflow.models import LOAD_LOCK
+
     spec = engine_spec.model["lora"]
     cfg = LoraConfig(r=spec["r"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
                      target_modules=spec["target_modules"], bias="none", task_type="CAUSAL_LM")
     try:
-        peft_model = get_peft_model(model, cfg)
+        # peft draws A from torch's process-wide generator: seeded (the same adapter every run)
+        # and under the load lock, so that it never draws in the middle of another colocated
+        # engine's seeded model initialisation (a thread of the local backend): that changed
+        # the other model's initial weights
+        with LOAD_LOCK, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int((engine_spec.model.get("args") or {}).get("seed", 0)) + 2)
+            peft_model = get_peft_model(model, cfg)
     except ValueError as e:  # peft's NoMatchingPeftModuleError among them
         from types import SimpleNamespace
-
-        import torch
 
         from asyncflow.errors import TaskError
 

@@ -77,7 +77,8 @@ class HFEngine(HFTrainer, HFWeights):
         self.value_head = None
         if self.critic:
             hidden = self.model.config.hidden_size
-            with torch.random.fork_rng(devices=[]):
+            # seeded, under the load lock: never interleaved with a colocated engine's draws
+            with models.LOAD_LOCK, torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(spec.model.get("args", {}).get("seed", 0)) + 1)
                 self.value_head = torch.nn.Linear(hidden, 1).to(self.device)
                 torch.nn.init.normal_(self.value_head.weight, std=0.02)
