@@ -88,11 +88,12 @@ def turn_tokens(engine, row: Any, turn: int) -> tuple[list[int], list[float]]:
     return ids, [round(-lps.expovariate(2.0) - 1e-3, 6) for _ in ids]
 
 
-def _max_turns(engine) -> int:
+def max_turns(engine) -> int:
+    """The most agent turns of an episode (``max_turns``, else multiturn's default)."""
     return int(engine.spec.args.get("max_turns") or multiturn.DEFAULT_MAX_TURNS)
 
 
-def _environment(engine) -> tuple[Callable, dict]:
+def environment(engine) -> tuple[Callable, dict]:
     """The environment factory and the keywords it is called with (``env_args``, plus the
     engine's ``time_scale`` when the factory takes one and ``env_args`` has none)."""
     extra = engine.spec.extra
@@ -113,7 +114,7 @@ def generate(engine, batch: Columns) -> Columns:
     """All episodes of ``batch`` in lock-step (the module docstring); returns the columns of
     :func:`asyncflow.engines.multiturn.rollout_columns`."""
     rows = engine.rows_of(batch)
-    factory, kwargs = _environment(engine)
+    factory, kwargs = environment(engine)
 
     def sample(prefixes, keys):
         done = slot_schedule([turn_latency(engine, r, t) for r, t in keys], engine.slots)
@@ -123,7 +124,7 @@ def generate(engine, batch: Columns) -> Columns:
 
     with ThreadPoolExecutor(max(1, len(rows)), thread_name_prefix="env") as pool:
         return multiturn.rollout_columns(batch, sample, tokenizer(), factory, kwargs,
-                                         _max_turns(engine), _outputs(engine), keys=rows,
+                                         max_turns(engine), _outputs(engine), keys=rows,
                                          pool=pool)
 
 
@@ -220,7 +221,7 @@ def serve(engine, pull: Callable[[int], Columns | None], emit: Callable[[dict], 
     """Env-level asynchrony (the module docstring): :func:`multiturn.serve_episodes` over a
     :class:`SimTurnServer`; returns how many episodes were emitted. Cancelled episodes are
     counted in ``engine.cancelled``."""
-    factory, kwargs = _environment(engine)
+    factory, kwargs = environment(engine)
     server = SimTurnServer(engine)
     engine.turn_server = server  # the live server, for inspection
 
@@ -229,5 +230,5 @@ def serve(engine, pull: Callable[[int], Columns | None], emit: Callable[[dict], 
 
     threads = engine.spec.args.get("env_threads")
     return multiturn.serve_episodes(
-        pull, emit, server, tokenizer(), factory, kwargs, _max_turns(engine), _outputs(engine),
+        pull, emit, server, tokenizer(), factory, kwargs, max_turns(engine), _outputs(engine),
         env_threads=int(threads) if threads else None, on_cancel=cancelled)

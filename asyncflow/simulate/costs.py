@@ -77,10 +77,10 @@ def _episodes(d: Device, eng, task: TaskPlan) -> None:
     them; another environment's steps cost nothing here), up to ``max_turns``; episodes in
     flight are bounded by ``env_threads`` (agent turns competing for ``slots`` are not
     modelled)."""
-    factory, kwargs = sim_turns._environment(eng)
+    factory, kwargs = sim_turns.environment(eng)
     kwargs = {k: v for k, v in kwargs.items() if k != "time_scale"}
     env = factory(**kwargs)
-    cap = sim_turns._max_turns(eng)
+    cap = sim_turns.max_turns(eng)
     turns = min(int(getattr(env, "turns", 1)), cap)
     steps = getattr(env, "step_seconds", None)
 
