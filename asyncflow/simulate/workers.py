@@ -13,8 +13,13 @@ from __future__ import annotations
 
 from asyncflow.compiler.kinds import rules_of
 from asyncflow.runtime.loops import Loop
+from asyncflow.runtime.loops.flow import AGAIN
 from asyncflow.runtime.loops.step_reads import micro_slices
 from asyncflow.runtime.signals import Stop
+
+#: a request the simulator answers later, from its event queue
+_SUSPEND = object()
+
 
 class _NoRecorder:
     """Spans are not recorded (the simulator keeps its own timeline)."""
@@ -145,91 +150,98 @@ class _StepReader:
 
 
 class BatchWorker(_StepReader, SimWorker):
-    """The ``batches`` loop: WAIT, ADOPT, READ, COMPUTE (device time), WRITE; a step-granularity
-    READ leases the step's rows with :meth:`Loop.step_reads`."""
+    """The ``batches`` loop (:meth:`Loop.flow_batches`, the runtime's own control flow) driven
+    by events: a READ that finds nothing, new weights being taken up and a device call suspend
+    it until a poke (or the call's end) resumes it."""
 
     def __init__(self, sim, wp, options):
         super().__init__(sim, wp, options)
         self.read_op = next((o for o in self.body if o.kind == "READ"), None)
-        self.write_op = next((o for o in self.body if o.kind == "WRITE"), None)
         self.computing = False
-        self._reads = None  # a step READ in progress: (generator, it)
         self.rollout = rules_of(self.task.kind).samples
+        self._flow = self.flow_batches() if self.read_op is not None else None
+        self._reply = None  # what the flow is sent when a poke resumes it
+
+    def sync(self, force: bool = False, wait_s: float = 0.0) -> bool:
+        return self.stopped
 
     def poke(self) -> None:
         if self.computing or self.stopped or self.sim.now < self._blocked_until:
             return
-        while not self.computing:
-            it: dict = {}
-            if self._reads is not None:
-                gen, it = self._reads
-                if not self._drain(gen):
-                    return
-                self._reads = None
-                if not self.join_leases(it):
-                    continue
-            else:
-                self.op_adopt(None, it)
-                if self.sim.now < self._blocked_until:
-                    return
-                op = self.read_op
-                if op is None:
-                    return
-                if op.granularity in ("micro_batch", "step"):
-                    try:
-                        self.claim_step(it)
-                    except Stop:  # past the last step
-                        self.stopped = True
-                        return
-                    gen = self.step_reads(op, it["step"], it.setdefault("leases", []))
-                    self._reads = (gen, it)
-                    continue
-                if self._dry():
-                    return
-                it["pull"] = op.rows  # a read that never waits (no real-time backoff)
-                if not self.op_read(op, it):
-                    self._missed(min(op.min_rows, op.rows))
-                    return
-                self._drained(op.rows, len(it["rows"]))
+        if self._flow is not None:
+            self._resume(self._reply)
+
+    def _resume(self, reply) -> None:
+        """Run the flow until it waits for an event."""
+        while True:
+            try:
+                req = self._flow.send(reply)
+            except (StopIteration, Stop):  # past the last step
+                self.stopped = True
+                return
+            reply = self.perform(req)
+            if reply is _SUSPEND:
+                return
+
+    def perform(self, req):
+        """A request in virtual time: at once, or ``_SUSPEND`` (``_reply`` is what a poke, or
+        the device call's end, sends back)."""
+        kind, op, it = req.kind, req.op, req.it
+        if kind == "ADOPTED":
+            if self.sim.now < self._blocked_until:  # taking up the weights: start over after
+                self._reply = AGAIN
+                return _SUSPEND
+            return None
+        if kind == "READ":
+            self._reply = False  # a poke starts the turn over
+            if self._dry():
+                return _SUSPEND
+            it["pull"] = op.rows  # a read that never waits (no real-time backoff)
+            if not self.op_read(op, it):
+                self._missed(min(op.min_rows, op.rows))
+                return _SUSPEND
+            self._drained(op.rows, len(it["rows"]))
+            return True
+        if kind == "NOTHING":
+            self.waiting = True
+            self._reply = None
+            return _SUSPEND
+        if kind == "COMPUTE":
             self.waiting = False
             rows = it.get("rows") or []
             dt = self.dev.makespan(rows) if self.rollout else self.dev.call(len(rows))
             self.computing = True
             self.busy_s += dt
             self.sim.after(dt, self._computed, it)
-
-    def _drain(self, gen) -> bool:
-        """Advance a step READ; False while it waits for rows."""
-        while True:
-            try:
-                lease = next(gen)
-            except StopIteration:
-                return True
-            except Stop:
-                self.stopped = True
-                return False
-            if lease is None:
-                self.waiting = True
-                return False
+            return _SUSPEND
+        return None  # WEIGHTS: the weight board is instant here (a poke follows a publish)
 
     def _computed(self, it: dict) -> None:
         self.computing = False
         rows = it.get("rows") or []
-        if rows and self.write_op is not None:
+        if rows:
             it["out"] = {f: [0] * len(rows) for f in self.task.outputs}
             it["end"] = self.sim.now
             if it.get("step") is None and self.gate is not None:
                 it["step"] = self.gate.step_of(rows[0])
-            if it.get("lease") is None:  # a step READ's several leases: ack each
-                for lease in it.get("leases") or []:
-                    cols = {f: [0] * len(lease.rows) for f in self.task.outputs}
-                    self.ack(lease.id, cols)
-                self.sim.wrote(self.task.name, rows)
-            elif self.op_write(self.write_op, it):
-                self.sim.wrote(self.task.name, rows)
-            else:
-                self.sim.released(self.task.name)
-        self.poke()
+        self._resume(True)
+
+    def op_write(self, op, it: dict) -> bool:
+        """WRITE, then tell the simulation (a step READ's several leases: ack each)."""
+        rows = it.get("rows") or []
+        if not rows:
+            return True
+        if it.get("lease") is None:
+            for lease in it.get("leases") or []:
+                cols = {f: [0] * len(lease.rows) for f in self.task.outputs}
+                self.ack(lease.id, cols)
+            self.sim.wrote(self.task.name, rows)
+            return True
+        if super().op_write(op, it):
+            self.sim.wrote(self.task.name, rows)
+            return True
+        self.sim.released(self.task.name)
+        return False
 
 
 class ServeWorker(SimWorker):

@@ -22,10 +22,17 @@ class OpHandlers:
         """Block on the weight board when the last READ found nothing the gate lets this version
         start: the board wakes the worker the moment the trainer publishes (a serve loop never
         blocks: it keeps emitting finished samples)."""
-        if self.idle and "pull" not in it and self.adopter is not None and self.adopter.known:
-            self.idle = False
+        if self.wants_weights(it):
             self.sync(wait_s=self.timeout)
         return True
+
+    def wants_weights(self, it: dict) -> bool:
+        """Whether a WAIT waits for newer weights now (the last READ found nothing, the worker
+        is gated, the turn is not a serve loop's pull); the idle mark is used up."""
+        if self.idle and "pull" not in it and self.adopter is not None and self.adopter.known:
+            self.idle = False
+            return True
+        return False
 
     def op_adopt(self, op: Op, it: dict) -> bool:
         """Take up the newer weights the last heartbeat offered (between requests)."""

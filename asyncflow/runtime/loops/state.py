@@ -18,6 +18,7 @@ from asyncflow import kinds
 from asyncflow.plan import Op, Plan
 from asyncflow.runtime.contract import check_outputs
 from asyncflow.runtime.gate import Gate
+from asyncflow.runtime.loops.flow import Flows
 from asyncflow.runtime.loops.ops import OpHandlers
 from asyncflow.runtime.loops.serve import ServeLoop
 from asyncflow.runtime.loops.step_reads import StepReads
@@ -39,7 +40,7 @@ def body(ops: list[Op]) -> list[Op]:
     return out
 
 
-class Loop(OpHandlers, ServeLoop, StepReads):
+class Loop(Flows, OpHandlers, ServeLoop, StepReads):
     """One task replica's loop state; :meth:`run_loop` runs the loop its plan names."""
 
     def __init__(self, plan: Plan | dict, worker_id: str, store, control,
@@ -233,12 +234,8 @@ class Loop(OpHandlers, ServeLoop, StepReads):
         self.loops[self.loop]()
 
     def loop_batches(self) -> None:
-        while not self.sync():
-            it: dict = {}
-            for op in self.body:
-                self.enter(op.kind)
-                if not self.ops[op.kind](op, it):
-                    break
+        """The ``batches`` loop in real time (:meth:`Flows.flow_batches`)."""
+        self.drive(self.flow_batches())
 
     def loop_train(self) -> None:
         step = int(self.opt.get("start_step", 0))
