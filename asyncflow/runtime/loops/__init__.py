@@ -4,10 +4,11 @@ The loop state, the op handlers, a train step's reads and the rules a loop appli
 rule, the micro-batch split, cancelling hopeless samples, settling a lease in flight, the step
 report) are written once, here; the simulator's workers are hosts of the same
 :class:`~asyncflow.runtime.loops.state.Loop` and call them. The control flow between them is
-written once too, as generators that yield what they wait for (:mod:`~asyncflow.runtime.loops.flow`):
-the real host performs each request at once, blocking (``loop_batches``), the simulator turns
-each into an event (:mod:`asyncflow.simulate.workers`). Still written per host: the ``train``
-and ``serve`` loops (``loop_train``, ``loop_serve``).
+written once too, as generators that yield what they wait for
+(:mod:`~asyncflow.runtime.loops.flow`): the real host performs each request at once, blocking
+(``loop_batches``, ``loop_train``), the simulator turns each into an event
+(:mod:`asyncflow.simulate.workers`). Still written per host: the ``serve`` loop, whose engine
+drives it (``serve(pull, emit)``: ``loop_serve``; the simulator's ``ServeWorker``).
 
 ==================  ==============================================================================
 module              what it holds

@@ -52,8 +52,8 @@ class OpHandlers:
         return True
 
     def op_read(self, op: Op, it: dict) -> bool:
-        if op.granularity in ("micro_batch", "step"):
-            return self.read_step(op, it)
+        """READ what is ready, once (a ``step``/``micro_batch`` READ is the flows':
+        :meth:`~asyncflow.runtime.loops.flow.Flows.flow_step_read`)."""
         n = it.get("pull", op.rows)
         gated = self.gate is not None and self.adopter is not None and bool(self.adopter.known)
         t = time.time()
@@ -85,16 +85,6 @@ class OpHandlers:
         if self.faults:
             self.inject(step, rows)
         t = self.rec.compute_begin()
-        if "stream" in it:  # stream: true -- COMPUTE spans per micro-batch (micro_batches)
-            self.rec.compute_end()
-            it["metrics"] = self.engine.train_stream(self.micro_batches(it, op.rows))
-            self.enter("COMPUTE")
-            self.join_leases(it)
-            it["end"] = time.time()
-            it["compute_s"] = it["end"] - t
-            self.progress += 1
-            self.check()
-            return True
         if self.loop == "train":  # a trainer's runner returns metrics, not columns
             if rows:
                 it["metrics"] = self.call(self.to_roles(dict(it.get("cols") or {})))

@@ -96,6 +96,7 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         self.engine: Any = None
         self.adopter: Any = None  # the versions (and weights) it receives: weights.Adopter
         self.stopped = False
+        self.flow = None  # the loop's flow while a host drives it (Flows.drive)
         self.newer: dict = {}  # model -> (version, entry) offered, not yet adopted
         self.idle = False  # the last READ found nothing
         self.cursor = int(self.opt.get("start_step", 0)) + self.wp.replica  # step READs
@@ -238,20 +239,5 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         self.drive(self.flow_batches())
 
     def loop_train(self) -> None:
-        step = int(self.opt.get("start_step", 0))
-        if step:  # resumed: rollouts start from the checkpoint's weights
-            for op in self.body:
-                if op.kind == "PUBLISH" and op.model:
-                    self.publish_version(op.model, step)
-        while step < self.st.steps:
-            if self.sync():
-                return
-            it: dict = {"step": step}
-            for op in self.body:
-                self.enter(op.kind)
-                self.ops[op.kind](op, it)
-            self.enter("ACK")
-            self.end_step(it)
-            self.progress += 1
-            step += 1
-        self.sync(force=True)
+        """The ``train`` loop in real time (:meth:`Flows.flow_train`)."""
+        self.drive(self.flow_train())
