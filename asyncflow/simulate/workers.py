@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from asyncflow.compiler.kinds import rules_of
 from asyncflow.runtime.loops import Loop
-from asyncflow.runtime.loops.step_reads import micro_slices
+from asyncflow.runtime.loops.flow import AGAIN
 from asyncflow.runtime.signals import Stop
+
+#: a request the simulator answers later, from its event queue
+_SUSPEND = object()
+
 
 class _NoRecorder:
     """Spans are not recorded (the simulator keeps its own timeline)."""
@@ -132,6 +136,28 @@ class SimWorker(Loop):
         """Something this worker may be waiting for changed: try to make progress."""
         raise NotImplementedError
 
+    # the batches and train loops: the runtime's flow (asyncflow.runtime.loops.flow), each of
+    # its requests performed in virtual time (perform), at once or by suspending it
+    def resume(self, reply) -> None:
+        """Run the flow, sent ``reply``, until it waits for an event (``_SUSPEND``; ``_reply``
+        is then what a poke, or the end of a device call, sends it)."""
+        while True:
+            try:
+                req = self._flow.send(reply)
+            except (StopIteration, Stop):  # past the last step
+                self.stopped = True
+                return
+            reply = self.perform(req)
+            if reply is _SUSPEND:
+                return
+
+    def _device_call(self, dt: float, *args) -> object:
+        """A device call of ``dt`` seconds; the flow resumes when it ends."""
+        self.computing = True
+        self.busy_s += dt
+        self.sim.after(dt, self._computed, *args)
+        return _SUSPEND
+
 
 class _StepReader:
     """A step READ's failed reads set the worker's ``need`` (mixed into batch and train
@@ -145,91 +171,83 @@ class _StepReader:
 
 
 class BatchWorker(_StepReader, SimWorker):
-    """The ``batches`` loop: WAIT, ADOPT, READ, COMPUTE (device time), WRITE; a step-granularity
-    READ leases the step's rows with :meth:`Loop.step_reads`."""
+    """The ``batches`` loop (:meth:`Loop.flow_batches`, the runtime's own control flow) driven
+    by events: a READ that finds nothing, new weights being taken up and a device call suspend
+    it until a poke (or the call's end) resumes it."""
 
     def __init__(self, sim, wp, options):
         super().__init__(sim, wp, options)
         self.read_op = next((o for o in self.body if o.kind == "READ"), None)
-        self.write_op = next((o for o in self.body if o.kind == "WRITE"), None)
         self.computing = False
-        self._reads = None  # a step READ in progress: (generator, it)
         self.rollout = rules_of(self.task.kind).samples
+        self._flow = self.flow_batches() if self.read_op is not None else None
+        self._reply = None  # what the flow is sent when a poke resumes it
+
+    def sync(self, force: bool = False, wait_s: float = 0.0) -> bool:
+        return self.stopped
 
     def poke(self) -> None:
         if self.computing or self.stopped or self.sim.now < self._blocked_until:
             return
-        while not self.computing:
-            it: dict = {}
-            if self._reads is not None:
-                gen, it = self._reads
-                if not self._drain(gen):
-                    return
-                self._reads = None
-                if not self.join_leases(it):
-                    continue
-            else:
-                self.op_adopt(None, it)
-                if self.sim.now < self._blocked_until:
-                    return
-                op = self.read_op
-                if op is None:
-                    return
-                if op.granularity in ("micro_batch", "step"):
-                    try:
-                        self.claim_step(it)
-                    except Stop:  # past the last step
-                        self.stopped = True
-                        return
-                    gen = self.step_reads(op, it["step"], it.setdefault("leases", []))
-                    self._reads = (gen, it)
-                    continue
-                if self._dry():
-                    return
-                it["pull"] = op.rows  # a read that never waits (no real-time backoff)
-                if not self.op_read(op, it):
-                    self._missed(min(op.min_rows, op.rows))
-                    return
-                self._drained(op.rows, len(it["rows"]))
+        if self._flow is not None:
+            self.resume(self._reply)
+
+    def perform(self, req):
+        """A request in virtual time: at once, or ``_SUSPEND`` (``_reply`` is what a poke, or
+        the device call's end, sends back)."""
+        kind, op, it = req.kind, req.op, req.it
+        if kind == "ADOPTED":
+            if self.sim.now < self._blocked_until:  # taking up the weights: start over after
+                self._reply = AGAIN
+                return _SUSPEND
+            return None
+        if kind == "READ":
+            self._reply = False  # a poke starts the turn over
+            if self._dry():
+                return _SUSPEND
+            it["pull"] = op.rows  # a read that never waits (no real-time backoff)
+            if not self.op_read(op, it):
+                self._missed(min(op.min_rows, op.rows))
+                return _SUSPEND
+            self._drained(op.rows, len(it["rows"]))
+            return True
+        if kind == "NOTHING":
+            self.waiting = True
+            self._reply = None
+            return _SUSPEND
+        if kind == "COMPUTE":
             self.waiting = False
             rows = it.get("rows") or []
-            dt = self.dev.makespan(rows) if self.rollout else self.dev.call(len(rows))
-            self.computing = True
-            self.busy_s += dt
-            self.sim.after(dt, self._computed, it)
-
-    def _drain(self, gen) -> bool:
-        """Advance a step READ; False while it waits for rows."""
-        while True:
-            try:
-                lease = next(gen)
-            except StopIteration:
-                return True
-            except Stop:
-                self.stopped = True
-                return False
-            if lease is None:
-                self.waiting = True
-                return False
+            return self._device_call(
+                self.dev.makespan(rows) if self.rollout else self.dev.call(len(rows)), it)
+        return None  # WEIGHTS: the weight board is instant here (a poke follows a publish)
 
     def _computed(self, it: dict) -> None:
         self.computing = False
         rows = it.get("rows") or []
-        if rows and self.write_op is not None:
+        if rows:
             it["out"] = {f: [0] * len(rows) for f in self.task.outputs}
             it["end"] = self.sim.now
             if it.get("step") is None and self.gate is not None:
                 it["step"] = self.gate.step_of(rows[0])
-            if it.get("lease") is None:  # a step READ's several leases: ack each
-                for lease in it.get("leases") or []:
-                    cols = {f: [0] * len(lease.rows) for f in self.task.outputs}
-                    self.ack(lease.id, cols)
-                self.sim.wrote(self.task.name, rows)
-            elif self.op_write(self.write_op, it):
-                self.sim.wrote(self.task.name, rows)
-            else:
-                self.sim.released(self.task.name)
-        self.poke()
+        self.resume(True)
+
+    def op_write(self, op, it: dict) -> bool:
+        """WRITE, then tell the simulation (a step READ's several leases: ack each)."""
+        rows = it.get("rows") or []
+        if not rows:
+            return True
+        if it.get("lease") is None:
+            for lease in it.get("leases") or []:
+                cols = {f: [0] * len(lease.rows) for f in self.task.outputs}
+                self.ack(lease.id, cols)
+            self.sim.wrote(self.task.name, rows)
+            return True
+        if super().op_write(op, it):
+            self.sim.wrote(self.task.name, rows)
+            return True
+        self.sim.released(self.task.name)
+        return False
 
 
 class ServeWorker(SimWorker):
@@ -347,95 +365,69 @@ class ServeWorker(SimWorker):
 
 
 class TrainWorker(_StepReader, SimWorker):
-    """The ``train`` loop: the step's rows by :meth:`Loop.step_reads`, forward/backward per
-    micro-batch as they arrive (``stream``) or once over all of them, then PUBLISH."""
+    """The ``train`` loop (:meth:`Loop.flow_train`, the runtime's own control flow) driven by
+    events: the step's rows by :meth:`Loop.step_reads`, forward/backward per micro-batch as
+    they arrive (``stream``) or once over all of them, PUBLISH, then the step's report; the
+    next step starts at the next poke."""
 
     def __init__(self, sim, wp, options):
         super().__init__(sim, wp, options)
-        self.read_op = next(o for o in self.body if o.kind == "READ")
-        self.compute_op = next((o for o in self.body if o.kind == "COMPUTE"), None)
-        self.publishes = [o for o in self.body if o.kind == "PUBLISH" and o.model]
-        self.stream = bool(self.task.stream)
         self.step = int(self.opt.get("start_step", 0))
-        self._gen = None
-        self._leases: list = []
-        self._queue: list[int] = []  # streamed micro-batches (their rows) not yet computed
-        self.size = self.compute_op.rows if self.compute_op and self.compute_op.rows else 0
         self.computing = False
+        self._publish: list = []  # (model, version) published by this step, told at its end
+        self._flow = self.flow_train()
+        self._reply = None
+
+    def streams(self) -> bool:
+        return bool(self.task.stream)  # no engine here: the plan's key alone
 
     def poke(self) -> None:
         if self.computing or self.stopped or self.step >= self.st.steps:
             return
-        if self._gen is None:
-            self._leases = []
-            self._gen = self.step_reads(self.read_op, self.step, self._leases)
-        while True:
-            try:
-                lease = next(self._gen)
-            except StopIteration:
-                break
-            except Stop:
-                self.stopped = True
-                return
-            if lease is None:
-                self.waiting = True
-                return
+        self.resume(self._reply)
+
+    def perform(self, req):
+        """A request in virtual time: at once, or ``_SUSPEND``."""
+        kind, it = req.kind, req.it
+        if kind == "NOTHING":
+            self.waiting = True
+            self._reply = None
+            return _SUSPEND
+        if kind == "MICRO":
             self.waiting = False
-            if self.stream:  # the lease's micro-batches (Loop.micro_batches, micro_slices)
-                self._queue.extend(k for _, k in micro_slices(len(lease.rows), self.size))
-                self._micro()
-                if self.computing:
-                    return
-        self.waiting = False
-        self._gen = False  # read complete
-        if self.stream:
-            self._micro(final=True)
-            return
-        self._compute(sum(len(l.rows) for l in self._leases), done=True)
+            return self._device_call(self.dev.call(it["micro"][2]))
+        if kind == "COMPUTE":
+            self.waiting = False
+            return self._device_call(self.dev.call(len(it["rows"])))
+        if kind == "STREAMED":
+            self.waiting = False
+        elif kind == "END":
+            self._end_step(it)
+            self._reply = None
+            return _SUSPEND
+        return None  # STREAM
 
-    def _micro(self, final: bool = False) -> None:
-        """Compute the next micro-batch; at the step's end (``final``) the last one ends it."""
-        if self.computing:
-            return
-        if self._queue:
-            k = self._queue.pop(0)
-            self._compute(k, done=final and not self._queue)
-        elif final:
-            self._end_step()
-
-    def _compute(self, n: int, done: bool) -> None:
-        dt = self.dev.call(n)
-        self.busy_s += dt
-        self.computing = True
-        self.sim.after(dt, self._computed, done)
-
-    def _computed(self, done: bool) -> None:
+    def _computed(self) -> None:
         self.computing = False
-        if self._gen is False:  # every row read: compute what is left, then end the step
-            if self.stream and self._queue:
-                self._micro(final=True)
-                return
-            self._end_step()
-            return
-        if done:
-            self._end_step()
-            return
-        self._micro()
-        if not self.computing:
-            self.poke()
+        self.resume(None)
 
-    def _end_step(self) -> None:
-        step = self.step
-        rows = sorted(r for lease in self._leases for r in lease.rows)
+    def publish_version(self, model: str, version: int) -> float:
+        """PUBLISH: the rollouts hear of ``version`` once the step has reported (END)."""
+        if model:
+            self._publish.append((model, version))
+        return 0.0
+
+    def _end_step(self, it: dict) -> None:
+        step, leases = it["step"], it.get("leases") or []
+        rows = sorted(r for lease in leases for r in lease.rows)
         versions = []
-        for lease in self._leases:
+        for lease in leases:
             versions.extend(lease.columns.get("_version") or [None] * len(lease.rows))
-        self.ack_step(self._leases)
+        self.ack_step(leases)
         self.next_row(step, rows)
         self.sim.step_done(self, step, rows, self.staleness_of(step, versions))
-        if self.publish_due(step):
-            for op in self.publishes:
-                self.sim.publish(op.model, step + 1)
+        publish, self._publish = self._publish, []
+        for model, version in publish:
+            self.sim.publish(model, version)
         self.step += 1
-        self._gen = None
         self.sim.soon(self.poke)

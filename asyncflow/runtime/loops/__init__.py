@@ -3,14 +3,18 @@
 The loop state, the op handlers, a train step's reads and the rules a loop applies (the publish
 rule, the micro-batch split, cancelling hopeless samples, settling a lease in flight, the step
 report) are written once, here; the simulator's workers are hosts of the same
-:class:`~asyncflow.runtime.loops.state.Loop` and call them. What each host still drives in its
-own form is the control flow between them: the real host blocks (``loop_batches``,
-``loop_serve``, ``loop_train``), the simulator turns each wait into an event
-(:mod:`asyncflow.simulate.workers`).
+:class:`~asyncflow.runtime.loops.state.Loop` and call them. The control flow between them is
+written once too, as generators that yield what they wait for
+(:mod:`~asyncflow.runtime.loops.flow`): the real host performs each request at once, blocking
+(``loop_batches``, ``loop_train``), the simulator turns each into an event
+(:mod:`asyncflow.simulate.workers`). Still written per host: the ``serve`` loop, whose engine
+drives it (``serve(pull, emit)``: ``loop_serve``; the simulator's ``ServeWorker``).
 
 ==================  ==============================================================================
 module              what it holds
 ==================  ==============================================================================
+``flow``            the loops' control flow as generators of requests (a device call, a read
+                    that may find nothing, new weights), and the real-time driver
 ``state``           :class:`~asyncflow.runtime.loops.state.Loop`: one task replica's loop state
                     (gate, windows, bindings, op list) built from its WorkerPlan, the ``batches``
                     and ``train`` loops, and the host hooks with their defaults

@@ -22,10 +22,17 @@ class OpHandlers:
         """Block on the weight board when the last READ found nothing the gate lets this version
         start: the board wakes the worker the moment the trainer publishes (a serve loop never
         blocks: it keeps emitting finished samples)."""
-        if self.idle and "pull" not in it and self.adopter is not None and self.adopter.known:
-            self.idle = False
+        if self.wants_weights(it):
             self.sync(wait_s=self.timeout)
         return True
+
+    def wants_weights(self, it: dict) -> bool:
+        """Whether a WAIT waits for newer weights now (the last READ found nothing, the worker
+        is gated, the turn is not a serve loop's pull); the idle mark is used up."""
+        if self.idle and "pull" not in it and self.adopter is not None and self.adopter.known:
+            self.idle = False
+            return True
+        return False
 
     def op_adopt(self, op: Op, it: dict) -> bool:
         """Take up the newer weights the last heartbeat offered (between requests)."""
@@ -45,8 +52,8 @@ class OpHandlers:
         return True
 
     def op_read(self, op: Op, it: dict) -> bool:
-        if op.granularity in ("micro_batch", "step"):
-            return self.read_step(op, it)
+        """READ what is ready, once (a ``step``/``micro_batch`` READ is the flows':
+        :meth:`~asyncflow.runtime.loops.flow.Flows.flow_step_read`)."""
         n = it.get("pull", op.rows)
         gated = self.gate is not None and self.adopter is not None and bool(self.adopter.known)
         t = time.time()
@@ -78,16 +85,6 @@ class OpHandlers:
         if self.faults:
             self.inject(step, rows)
         t = self.rec.compute_begin()
-        if "stream" in it:  # stream: true -- COMPUTE spans per micro-batch (micro_batches)
-            self.rec.compute_end()
-            it["metrics"] = self.engine.train_stream(self.micro_batches(it, op.rows))
-            self.enter("COMPUTE")
-            self.join_leases(it)
-            it["end"] = time.time()
-            it["compute_s"] = it["end"] - t
-            self.progress += 1
-            self.check()
-            return True
         if self.loop == "train":  # a trainer's runner returns metrics, not columns
             if rows:
                 it["metrics"] = self.call(self.to_roles(dict(it.get("cols") or {})))

@@ -18,6 +18,7 @@ from asyncflow import kinds
 from asyncflow.plan import Op, Plan
 from asyncflow.runtime.contract import check_outputs
 from asyncflow.runtime.gate import Gate
+from asyncflow.runtime.loops.flow import Flows
 from asyncflow.runtime.loops.ops import OpHandlers
 from asyncflow.runtime.loops.serve import ServeLoop
 from asyncflow.runtime.loops.step_reads import StepReads
@@ -39,7 +40,7 @@ def body(ops: list[Op]) -> list[Op]:
     return out
 
 
-class Loop(OpHandlers, ServeLoop, StepReads):
+class Loop(Flows, OpHandlers, ServeLoop, StepReads):
     """One task replica's loop state; :meth:`run_loop` runs the loop its plan names."""
 
     def __init__(self, plan: Plan | dict, worker_id: str, store, control,
@@ -95,6 +96,7 @@ class Loop(OpHandlers, ServeLoop, StepReads):
         self.engine: Any = None
         self.adopter: Any = None  # the versions (and weights) it receives: weights.Adopter
         self.stopped = False
+        self.flow = None  # the loop's flow while a host drives it (Flows.drive)
         self.newer: dict = {}  # model -> (version, entry) offered, not yet adopted
         self.idle = False  # the last READ found nothing
         self.cursor = int(self.opt.get("start_step", 0)) + self.wp.replica  # step READs
@@ -233,28 +235,9 @@ class Loop(OpHandlers, ServeLoop, StepReads):
         self.loops[self.loop]()
 
     def loop_batches(self) -> None:
-        while not self.sync():
-            it: dict = {}
-            for op in self.body:
-                self.enter(op.kind)
-                if not self.ops[op.kind](op, it):
-                    break
+        """The ``batches`` loop in real time (:meth:`Flows.flow_batches`)."""
+        self.drive(self.flow_batches())
 
     def loop_train(self) -> None:
-        step = int(self.opt.get("start_step", 0))
-        if step:  # resumed: rollouts start from the checkpoint's weights
-            for op in self.body:
-                if op.kind == "PUBLISH" and op.model:
-                    self.publish_version(op.model, step)
-        while step < self.st.steps:
-            if self.sync():
-                return
-            it: dict = {"step": step}
-            for op in self.body:
-                self.enter(op.kind)
-                self.ops[op.kind](op, it)
-            self.enter("ACK")
-            self.end_step(it)
-            self.progress += 1
-            step += 1
-        self.sync(force=True)
+        """The ``train`` loop in real time (:meth:`Flows.flow_train`)."""
+        self.drive(self.flow_train())

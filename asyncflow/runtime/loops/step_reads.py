@@ -1,14 +1,13 @@
 """Reads inside one train step (a mixin of :class:`asyncflow.runtime.loops.state.Loop`):
 a ``micro_batch``/``step`` READ leases step n's rows ``op.rows`` at a time -- in_order windows,
 first_ready, redundancy and refills (:class:`asyncflow.runtime.windows.Windows`), the
-staleness check of gate rule 4 -- and a streaming trainer drains them as micro-batches. The
-simulator (:mod:`asyncflow.simulate.core`) runs these same methods, and splits a lease into
-micro-batches by the same rule (:func:`micro_slices`)."""
+staleness check of gate rule 4 -- and a lease is split into micro-batches (:func:`micro_slices`).
+The loops' flows (:mod:`asyncflow.runtime.loops.flow`) run these for the runtime and the
+simulator alike."""
 from __future__ import annotations
 
 import time
 
-from asyncflow.engines.base import class_capabilities
 from asyncflow.plan import Op
 from asyncflow.runtime.signals import Stop
 
@@ -23,21 +22,6 @@ def micro_slices(n: int, size: int) -> list[tuple[int, int]]:
 class StepReads:
     """:meth:`step_reads` and the helpers of a step's reads; the state is the
     :class:`~asyncflow.runtime.loops.state.Loop`'s."""
-
-    def read_step(self, op: Op, it: dict) -> bool:
-        """READ inside one step, ``op.rows`` at a time (:meth:`_step_leases`). A streaming
-        trainer (``stream: true``) gets the reads as a generator that its COMPUTE drains micro-
-        batch by micro-batch; otherwise every lease is taken first and their columns are joined
-        in row order."""
-        if "step" not in it:
-            self.claim_step(it)
-        leases = self._step_leases(op, it["step"], it.setdefault("leases", []))
-        if self.loop == "train" and self.task.stream and class_capabilities(type(self.engine)).train_stream:
-            it["stream"] = leases
-            return True
-        for _ in leases:
-            pass
-        return self.join_leases(it)
 
     def claim_step(self, it: dict) -> None:
         """The step a step READ of a batches loop reads next (replica r of R takes r, r + R,
@@ -109,20 +93,10 @@ class StepReads:
         self.control.note_drops(rows, reason)
         self.windows.note(rows, reason)
 
-    def _step_leases(self, op: Op, step: int, leases: list):
-        """:meth:`step_reads` with its waits: a None there is a read that found nothing (the
-        store's ``get`` waited ``train_read_timeout_s`` already; a follower polls the control
-        for the primary's choice)."""
-        for lease in self.step_reads(op, step, leases):
-            if lease is not None:
-                yield lease
-            elif self.follows:
-                time.sleep(self.backoff * 4)
-
     def step_reads(self, op: Op, step: int, leases: list):
         """Lease step ``step``'s rows as they become ready, yielding each lease, or None after a
-        read that found nothing (the caller waits: :meth:`_step_leases` in real time,
-        ``asyncflow simulate`` in virtual time). Module :mod:`asyncflow.runtime.windows` says
+        read that found nothing (the caller's flow waits:
+        :meth:`~asyncflow.runtime.loops.flow.Flows.flow_step_read`). Module :mod:`asyncflow.runtime.windows` says
         which rows: ``in_order`` takes the step's window (with redundancy: its first
         ``prompts_per_step`` ready groups, cancelling the rest); ``first_ready`` the lowest ready
         fresh-enough groups; a train task that is not the primary trains exactly the rows the
@@ -237,23 +211,6 @@ class StepReads:
         if self.st.replace or self.launch != self.st.prompts_per_step:
             return self.next_group * spp
         return (step + 1) * self.launch * spp
-
-    def micro_batches(self, it: dict, size: int):
-        """A streaming trainer's micro-batches (at most ``size`` rows: the COMPUTE op's),
-        role-keyed, as their leases arrive: the engine's forward/backward of one runs while the
-        next is read (a COMPUTE span per micro-batch)."""
-        self.enter("READ")
-        for lease in it["stream"]:
-            cols, n = lease.columns, len(lease.rows)
-            for i, k in micro_slices(n, size):
-                part = cols if k == n else {f: v[i:i + k] for f, v in cols.items()}
-                self.enter("COMPUTE")
-                t = self.rec.compute_begin()
-                yield self.to_roles(part)
-                end = self.rec.compute_end()
-                self.enter("READ")  # waiting for the next micro-batch's rows
-                self.progress += 1
-                self.rec.span("COMPUTE", k, t, end, it["step"], it["step"])
 
 
 class _InSet:
