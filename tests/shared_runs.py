@@ -57,3 +57,18 @@ def shipped_run(tmp_path_factory, name: str, backend: str) -> Run:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
         _RUNS[key] = Run(out, p.returncode, p.stdout, p.stderr)
     return _RUNS[key]
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    """``asyncflow ARGS`` in this process (torch, transformers and peft are imported already,
+    a subprocess would import them again): (exit code, stdout + stderr)."""
+    from asyncflow.cli import main
+
+    capsys.readouterr()
+    try:
+        main(list(args))
+        rc = 0
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    got = capsys.readouterr()
+    return rc, got.out + got.err

@@ -35,18 +35,7 @@ SETS = [
 ]
 
 
-def _cli(capsys, *args) -> tuple[int, str]:
-    """``asyncflow ARGS`` in this process: (exit code, stdout + stderr)."""
-    from asyncflow.cli import main
-
-    capsys.readouterr()
-    try:
-        main(list(args))
-        rc = 0
-    except SystemExit as e:
-        rc = int(e.code or 0)
-    got = capsys.readouterr()
-    return rc, got.out + got.err
+_cli = shared_runs.cli  # asyncflow ARGS in this process
 
 
 @pytest.fixture(scope="module")

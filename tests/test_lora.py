@@ -4,10 +4,11 @@ exactly as the trainer's), and a run exports the merged model and the adapter.""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+import shared_runs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -68,19 +69,7 @@ def test_trainer_trains_the_adapter_and_a_sync_sends_only_it():
 PIPELINE = (ROOT / "pipelines" / "grpo_digits.yaml").read_text()
 
 
-def _cli(capsys, *args: str) -> tuple[int, str]:
-    """``asyncflow ARGS`` in this process (torch, transformers and peft are imported already,
-    a subprocess would import them again): (exit code, stdout + stderr)."""
-    from asyncflow.cli import main
-
-    capsys.readouterr()
-    try:
-        main(list(args))
-        rc = 0
-    except SystemExit as e:
-        rc = int(e.code or 0)
-    got = capsys.readouterr()
-    return rc, got.out + got.err
+_cli = shared_runs.cli  # asyncflow ARGS in this process
 
 
 def test_a_lora_run_exports_the_merged_model_and_the_adapter(tmp_path, capsys):
