@@ -26,7 +26,10 @@ def test_slow_reward_with_short_lease_finishes(tmp_path, backend):
 
 @pytest.mark.parametrize("backend", ["local", "ray"])
 def test_hang_is_reported_with_task_op_and_stack(tmp_path, backend):
-    r, wall = run_cli(tmp_path, "--inject", "hang@step1:score", "--stall-timeout", "3",
+    # the watchdog's bound: short, so the test is quick, yet above the heartbeat silences a
+    # loaded machine gives a worker still starting (under two CPU hogs a Ray worker's start-up
+    # went 3.2 s without a beat, and a 3 s bound reported it instead of the hang)
+    r, wall = run_cli(tmp_path, "--inject", "hang@step1:score", "--stall-timeout", "8",
                       backend=backend, steps=6)
     assert r.returncode == 1, r.stderr[-3000:]
     err = r.stderr
