@@ -22,7 +22,11 @@ def test_sigkill_one_of_several_rollout_workers_on_ray(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     check_rows(tmp_path / "run", 8)
     w = _workers(tmp_path)
-    assert w["generate/1"]["restarts"] == 1 and w["generate/1"]["status"] == "stopped"
+    # the replacement stops with the run ("stopped"); on a loaded machine the other replicas
+    # may finish the run while it still starts (imports, engine) -- beside two CPU hogs it took
+    # longer than the run's 10 s join -- and it ends as "restarted", never having run
+    assert w["generate/1"]["restarts"] == 1
+    assert w["generate/1"]["status"] in ("stopped", "restarted"), w["generate/1"]
     assert "workers restarted      │              1" in r.stdout.replace("\u2502", "│")
     no_orphans(r.marker)
 
