@@ -86,6 +86,8 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              "loc": getattr(model, "loc", ""),
              "lora": dict(getattr(model, "lora", None) or {})} if model else {}
     st = plan.step
+    # its worker (None: an engine built outside the plan's workers -- a test, a benchmark)
+    wp = next((w for w in plan.workers if w.id == f"{task.name}/{replica}"), None)
     extra = {"samples_per_prompt": st.samples_per_prompt, "prompts_per_step": st.prompts_per_step,
              "samples_per_step": st.samples_per_step, "steps": st.steps,
              # a CPU device is one CPU slot: an engine takes as many threads as it has slots, so
@@ -95,11 +97,10 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              "devices": max(1, task.devices_per_replica), "device_kind": plan.device_kind,
              # this worker's share of each of its devices (placement rule 3: 0.5 where two
              # workers time-share one), e.g. the vllm engine's gpu_memory_utilization
-             "device_share": next((float(w.resources.get(plan.device_kind, 0) or 0)
-                                   for w in plan.workers if w.id == f"{task.name}/{replica}"), None),
+             "device_share": (float(wp.resources.get(plan.device_kind, 0) or 0)
+                              if wp is not None else None),
              # scorers and trainers see log-probs at the temperature the rollout sampled with
-             "temperature": float(plan.worker(f"{task.name}/{replica}").sampling.get(
-                 "temperature", 1.0)) if _has_worker(plan, task.name, replica) else 1.0,
+             "temperature": float((wp.sampling if wp is not None else {}).get("temperature", 1.0)),
              "search_path": list(paths),
              "task_loc": getattr(task, "loc", ""),  # for an engine's located errors (AF65x)
              # the scheduling keys an engine acts on (engines/base.py, "scheduling")
@@ -113,14 +114,6 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
         task=task.name, kind=task.kind, model=mdict, args=dict(task.args or {}),
         inputs=roles_in, outputs=tuple(r for _, r in task.bind_out), loss=task.loss,
         seed=plan.seed, replica=replica, replicas=task.replicas, extra=extra)
-
-
-def _has_worker(plan: Plan, task: str, replica: int) -> bool:
-    try:
-        plan.worker(f"{task}/{replica}")
-    except KeyError:  # an engine built outside the plan's workers (a test, a benchmark)
-        return False
-    return True
 
 
 class ThreadHost:
