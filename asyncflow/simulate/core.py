@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Plan
 from asyncflow.runtime.driver import feed_ahead, feed_target
-from asyncflow.runtime.store import SampleStore
 from asyncflow.simulate.costs import Device, device, has_costs
+from asyncflow.simulate.vstore import VStore
 from asyncflow.simulate.workers import (BatchWorker, ServeWorker, SimControl, SimWorker,
                                         TrainWorker)
 
@@ -120,7 +120,7 @@ class Simulation:
         self.events = 0
         self.max_events = max_events
         st = plan.step
-        self.store = SampleStore(lease_s=FOREVER, clock=lambda: self.now)
+        self.store = VStore(lease_s=FOREVER, clock=lambda: self.now)
         for t in plan.tasks:
             self.store.register_task(t.name, list(t.inputs))
         self.control = SimControl(self)

@@ -1,0 +1,627 @@
+"""An event-indexed sample store for the simulator (docs/architecture.md, "The simulator").
+
+:class:`VStore` implements the :class:`~asyncflow.runtime.store.protocol.Store` protocol with the
+semantics of the in-process :class:`~asyncflow.runtime.store.local.SampleStore` (the rules of
+its module docstring: lowest rows first, whole groups, exclusive leases, expiry, stale acks,
+drops, snapshots), but where that store scans its numpy marks on every read, this one keeps,
+per consuming task, the set of rows eligible right now, updated on the events that change it:
+
+- a row becomes eligible for a task when the last of the task's inputs is written (or the row
+  is added with them), and when a lease of it is released, expires or is revoked;
+- it stops being eligible when it is leased, consumed (ack) or dropped.
+
+A read pops the lowest rows off the task's heap of eligible rows (entries of rows no longer
+eligible are skipped and discarded as they surface); a whole-groups read takes groups off a
+heap keyed by each full group's lowest eligible row. So a read of k rows costs O(k log n)
+Python work, independent of how many rows the store holds; reads with a row filter or a
+version bound skip (and put back) the eligible rows they pass over.
+
+``tests/test_store_contract.py`` runs the store contract against it and
+``tests/test_vstore_props.py`` drives it and a SampleStore with the same random operations.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from heapq import heappop, heappush
+from typing import Any, Callable
+
+from asyncflow.runtime.store.common import (SNAPSHOT_FORMAT, UNSET, Lease, StoreError,
+                                            check_new_rows)
+from asyncflow.simulate.vstore_task import VLease, VTask, select_groups
+
+
+class VStore:
+    """Event-indexed in-process store (module docstring); a drop-in for SampleStore."""
+
+    def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
+        self.lease_s = float(lease_s)
+        self._clock = clock
+        self._cv = threading.Condition()
+        self._row: list[int] = []  # position -> row
+        self._group: list[int] = []
+        self._version: list[int] = []
+        self._dropped = bytearray()
+        self._freed = bytearray()
+        self._pos: dict[int, int] | None = None  # row -> position; None while position == row
+        self._next_row = 0
+        self._data: dict[str, list] = {}
+        self._ready: dict[str, bytearray] = {}
+        self._tasks: dict[str, VTask] = {}
+        self._readers: dict[str, list[VTask]] = {}  # field -> the tasks it is an input of
+        self._leases: dict[int, VLease] = {}
+        self._heap: list[tuple[float, int]] = []  # (deadline, lease id)
+        self._next_lease = 1
+        self._drops: Counter = Counter()
+        self._counters: Counter = Counter()
+        self._done: list[int] = []  # position -> tasks that consumed it
+        self._gc_cand: list[int] = []  # positions that may be freeable
+        self._changes = 0
+
+    # ------------------------------------------------------------------ positions
+    def _positions(self, rows) -> list[int]:
+        if self._pos is None:
+            pos = [int(r) for r in rows]
+            n = len(self._row)
+            if pos and (min(pos) < 0 or max(pos) >= n):
+                bad = [r for r in pos if not 0 <= r < n][:5]
+                raise StoreError(f"unknown rows {bad}")
+            return pos
+        try:
+            get = self._pos.__getitem__
+            return [get(int(r)) for r in rows]
+        except KeyError as e:
+            raise StoreError(f"unknown row {e.args[0]}") from None
+
+    def _p(self, row: int) -> int:
+        return row if self._pos is None else self._pos[row]
+
+    def _task(self, task: str) -> VTask:
+        try:
+            return self._tasks[task]
+        except KeyError:
+            raise StoreError(f"unknown task {task!r}; register_task it first") from None
+
+    def _eligible_now(self, t: VTask, p: int) -> bool:
+        if t.consumed[p] or t.held[p] or self._dropped[p]:
+            return False
+        ready = self._ready
+        for f in t.inputs:
+            r = ready.get(f)
+            if r is None or not r[p]:
+                return False
+        return True
+
+    def _recheck(self, t: VTask, pos) -> None:
+        """Positions ``pos`` may have become eligible for ``t``."""
+        row, group, elig = self._row, self._group, t.elig
+        for p in pos:
+            if self._eligible_now(t, p):
+                r = row[p]
+                if r not in elig:
+                    t.add(r, group[p])
+
+    # ------------------------------------------------------------------ writing
+    def register_task(self, task: str, inputs: list[str]) -> None:
+        inputs = tuple(inputs)
+        with self._cv:
+            t = self._tasks.get(task)
+            if t is not None:
+                if t.inputs != inputs:
+                    raise StoreError(f"task {task!r} already registered with inputs {list(t.inputs)}")
+                return
+            t = self._tasks[task] = VTask(task, inputs, len(self._row))
+            for f in set(inputs):
+                self._readers.setdefault(f, []).append(t)
+            self._recheck(t, range(len(self._row)))
+
+    def add_rows(self, columns: dict[str, list], groups: list[int],
+                 versions: list[int] | None = None, *, rows: list[int] | None = None) -> list[int]:
+        k = len(groups)
+        columns, versions = check_new_rows(columns, groups, versions)
+        with self._cv:
+            n = len(self._row)
+            if rows is None:
+                new = list(range(self._next_row, self._next_row + k))
+            else:
+                new = [int(r) for r in rows]
+                if len(new) != k:
+                    raise StoreError(f"{len(new)} row indices for {k} rows")
+                if k and (len(set(new)) != k or (
+                        any(r in self._pos for r in new) if self._pos is not None
+                        else min(new) < n)):
+                    raise StoreError("add_rows: row indices already in use")
+            if k == 0:
+                return []
+            if self._pos is None and new != list(range(n, n + k)):
+                self._pos = {r: p for p, r in enumerate(self._row)}
+            if self._pos is not None:
+                self._pos.update(zip(new, range(n, n + k)))
+            self._next_row = max(self._next_row, max(new) + 1)
+            self._row.extend(new)
+            self._group.extend(int(g) for g in groups)
+            self._version.extend([UNSET] * k if versions is None else
+                                 [UNSET if v is None else int(v) for v in versions])
+            zeros = bytes(k)
+            self._dropped.extend(zeros)
+            self._freed.extend(zeros)
+            self._done.extend([0] * k)
+            for f, col in self._data.items():
+                col.extend(columns[f] if f in columns else [None] * k)
+                self._ready[f].extend(b"\x01" * k if f in columns else zeros)
+            for f, v in columns.items():
+                if f not in self._data:
+                    self._data[f] = [None] * n + list(v)
+                    self._ready[f] = bytearray(n) + b"\x01" * k
+            for t in self._tasks.values():
+                t.grow(k)
+                if all(f in columns for f in t.inputs):
+                    add = t.add
+                    for r, g in zip(new, groups):
+                        add(r, int(g))
+                t.tidy()
+            self._changes += 1
+            self._cv.notify_all()
+            return new
+
+    def write(self, rows: list[int], columns: dict[str, list], *, lease_id: int | None = None) -> bool:
+        with self._cv:
+            if lease_id is not None and lease_id not in self._leases:
+                self._counters["stale_writes"] += 1
+                return False
+            self._write_pos(self._positions(rows), columns)
+            return True
+
+    def _write_pos(self, pos: list[int], columns: dict[str, list]) -> None:
+        k = len(pos)
+        for f, v in columns.items():
+            if f in ("_row", "_group"):
+                raise StoreError(f"{f} is set by the store")
+            if len(v) != k:
+                raise StoreError(f"column {f!r} has {len(v)} values for {k} rows")
+            r = self._ready.get(f) if f != "_version" else None
+            if r is not None:
+                twice = [p for p in pos if r[p]]
+                if twice:
+                    rows = [self._row[p] for p in twice[:5]]
+                    raise StoreError(f"field {f!r} written twice on rows {rows}")
+        if k > 1 and len(set(pos)) != k:
+            raise StoreError("write: a row appears twice")
+        if k == 0:
+            return
+        touched: set = set()
+        for f, v in columns.items():
+            if f == "_version":
+                ver = self._version
+                for p, x in zip(pos, v):
+                    ver[p] = UNSET if x is None else x
+                continue
+            if f not in self._data:
+                self._data[f] = [None] * len(self._row)
+                self._ready[f] = bytearray(len(self._row))
+            col, ready = self._data[f], self._ready[f]
+            for p, x in zip(pos, v):
+                col[p] = x
+                ready[p] = 1
+            for t in self._readers.get(f, ()):
+                touched.add(t.name)
+        for name in touched:
+            self._recheck(self._tasks[name], pos)
+        self._changes += 1
+        self._cv.notify_all()
+
+    def all_freed(self, rows) -> bool:
+        with self._cv:
+            return all(self._freed[p] for p in self._positions(rows))
+
+    def start_rows_at(self, first_row: int) -> None:
+        with self._cv:
+            self._next_row = max(self._next_row, int(first_row))
+
+    # ------------------------------------------------------------------ reads
+    def _plain(self, t: VTask, n: int, max_row, filter_fn, min_version) -> list[int]:
+        """Up to ``n`` lowest eligible rows passing the filters, off ``t``'s heap (put back
+        by :meth:`VTask.unpop` if not leased)."""
+        if filter_fn is None and min_version is None:
+            return t.pop_lowest(n, max_row, None)
+        row_info = self._row_info
+
+        def ok(r: int) -> bool:
+            p = self._p(r)
+            if min_version is not None and self._version[p] < min_version:
+                return False
+            return filter_fn is None or bool(filter_fn(row_info(p)))
+        return t.pop_lowest(n, max_row, ok)
+
+    def _row_info(self, p: int) -> dict:
+        v = self._version[p]
+        return {"_row": self._row[p], "_group": self._group[p], "_version": None if v == UNSET else v}
+
+    def _select(self, t: VTask, n: int, whole_groups: bool, group_size: int, max_row,
+                filter_fn, min_version) -> tuple[list[int], bool]:
+        """(rows ascending, whether they were popped off the heap)."""
+        if not whole_groups:
+            return self._plain(t, n, max_row, filter_fn, min_version), True
+        if group_size < 1:
+            raise StoreError("group_size must be >= 1")
+        if n // group_size == 0:
+            return [], False
+        if filter_fn is None and min_version is None:
+            return t.full_groups(n // group_size, group_size, max_row,
+                                 lambda r: self._group[self._p(r)]), False
+        cand = []
+        for r in sorted(t.elig):
+            if max_row is not None and r >= max_row:
+                break
+            p = self._p(r)
+            if min_version is not None and self._version[p] < min_version:
+                continue
+            if filter_fn is not None and not filter_fn(self._row_info(p)):
+                continue
+            cand.append(r)
+        return select_groups(cand, [self._group[self._p(r)] for r in cand],
+                             n // group_size, group_size), False
+
+    def _wait_select(self, t: VTask, deadline: float, need: int, select):
+        while True:
+            now = self._clock()
+            self._expire_locked(now)
+            rows, popped = select()
+            if len(rows) >= need:
+                return rows, popped, now
+            if popped:
+                t.unpop(rows)
+            left = deadline - now
+            if left <= 0:
+                return None
+            if self._heap:
+                left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
+            self._cv.wait(left)
+
+    def get(self, task: str, n: int, *, min_rows: int = 1, whole_groups: bool = False,
+            group_size: int = 1, max_row: int | None = None, timeout: float = 0.0,
+            filter_fn: Callable[[dict], Any] | None = None, min_version: int | None = None,
+            fields: list[str] | None = None, lease_s: float | None = None,
+            owner: str | None = None) -> Lease | None:
+        deadline = self._clock() + timeout
+        with self._cv:
+            t = self._task(task)
+            got = self._wait_select(t, deadline, max(int(min_rows), 1), lambda: self._select(
+                t, n, whole_groups, group_size, max_row, filter_fn, min_version))
+            if got is None:
+                return None
+            return self._lease_locked(t, got[0], fields, got[2], lease_s, owner)
+
+    def get_split(self, task: str, n: int, split: int, *, min_rows: int = 1,
+                  max_row: int | None = None, timeout: float = 0.0, filter_fn=None,
+                  min_version: int | None = None, fields: list[str] | None = None,
+                  lease_s: float | None = None, owner: str | None = None) -> list[Lease]:
+        split = max(1, int(split))
+        need = max(1, min(int(min_rows), split))
+        deadline = self._clock() + timeout
+
+        def select():
+            rows = self._plain(t, n, max_row, filter_fn, min_version)
+            if len(rows) < n:
+                cut = len(rows) // split * split
+                t.unpop(rows[cut:])
+                rows = rows[:cut]
+            return rows, True
+
+        with self._cv:
+            t = self._task(task)
+            got = self._wait_select(t, deadline, need, select)
+            if got is None:
+                return []
+            rows, _, now = got
+            return [self._lease_locked(t, rows[i:i + split], fields, now, lease_s, owner)
+                    for i in range(0, len(rows), split)]
+
+    def _lease_locked(self, t: VTask, rows: list[int], fields, now: float, lease_s,
+                      owner: str | None) -> Lease:
+        lid = self._next_lease
+        self._next_lease += 1
+        deadline = now + (self.lease_s if lease_s is None else lease_s)
+        pos = self._positions(rows) if self._pos is not None else rows
+        held, group = t.held, self._group
+        for r, p in zip(rows, pos):
+            held[p] = 1
+            t.remove(r, group[p])
+        t.n_held += len(rows)
+        self._leases[lid] = VLease(lid, t, list(pos), list(rows), deadline, owner)
+        heappush(self._heap, (deadline, lid))
+        cols: dict[str, list] = {}
+        for f in (t.inputs if fields is None else fields):
+            col = self._data.get(f)
+            cols[f] = [None] * len(pos) if col is None else [col[p] for p in pos]
+        cols["_row"] = list(rows)
+        cols["_group"] = [group[p] for p in pos]
+        ver = self._version
+        cols["_version"] = [None if ver[p] == UNSET else ver[p] for p in pos]
+        return Lease(lid, t.name, list(rows), cols, deadline)
+
+    # ------------------------------------------------------------------ leases
+    def _acked(self, lease_id) -> VLease | None:
+        rec = self._leases.get(getattr(lease_id, "id", lease_id))
+        if rec is None:
+            self._counters["stale_acks"] += 1
+        return rec
+
+    def _consume(self, t: VTask, pos: list[int], rows: list[int]) -> None:
+        held, consumed, done = t.held, t.consumed, self._done
+        ntasks = len(self._tasks)
+        for p in pos:
+            held[p] = 0
+            consumed[p] = 1
+            done[p] += 1
+            if done[p] >= ntasks:
+                self._gc_cand.append(p)
+        t.n_held -= len(pos)
+        t.n_consumed += len(pos)
+        t.order.append((self._clock(), rows))
+
+    def ack(self, lease_id: int | Lease, columns: dict[str, list] | None = None) -> bool:
+        with self._cv:
+            rec = self._acked(lease_id)
+            if rec is None:
+                return False
+            if columns:
+                self._write_pos(rec.pos, columns)
+            del self._leases[rec.id]
+            self._consume(rec.task, rec.pos, rec.rows)
+            return True
+
+    def ack_many(self, lease_ids: list) -> list[bool]:
+        return [self.ack(lid) for lid in lease_ids]
+
+    def _part(self, rec: VLease, rows) -> tuple[list[int], list[int]]:
+        """(positions of ``rows``, in their order; indices of ``rec``'s rows it keeps)."""
+        at = {r: i for i, r in enumerate(rec.rows)}
+        try:
+            idx = [at[int(r)] for r in rows]
+        except KeyError as e:
+            raise StoreError(f"row {e.args[0]} is not in lease {rec.id}") from None
+        gone = set(idx)
+        return [rec.pos[i] for i in idx], [i for i in range(len(rec.rows)) if i not in gone]
+
+    def _shrink(self, rec: VLease, keep: list[int]) -> None:
+        if not keep:
+            del self._leases[rec.id]
+            return
+        rec.pos = [rec.pos[i] for i in keep]
+        rec.rows = [rec.rows[i] for i in keep]
+
+    def ack_rows(self, lease_id: int | Lease, rows: list[int],
+                 columns: dict[str, list] | None = None) -> bool:
+        with self._cv:
+            rec = self._acked(lease_id)
+            if rec is None:
+                return False
+            pos, keep = self._part(rec, rows)
+            if columns:
+                self._write_pos(pos, columns)
+            self._consume(rec.task, pos, [int(r) for r in rows])
+            self._shrink(rec, keep)
+            return True
+
+    def _unhold(self, t: VTask, pos: list[int]) -> None:
+        held = t.held
+        for p in pos:
+            held[p] = 0
+        t.n_held -= len(pos)
+        self._recheck(t, pos)
+        self._changes += 1
+        self._cv.notify_all()
+
+    def release(self, lease_id: int | Lease) -> bool:
+        with self._cv:
+            rec = self._leases.pop(getattr(lease_id, "id", lease_id), None)
+            if rec is None:
+                return False
+            self._unhold(rec.task, rec.pos)
+            return True
+
+    def release_rows(self, lease_id: int | Lease, rows: list[int]) -> bool:
+        with self._cv:
+            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            if rec is None:
+                return False
+            pos, keep = self._part(rec, rows)
+            self._unhold(rec.task, pos)
+            self._shrink(rec, keep)
+            return True
+
+    def live(self, lease_id: int | Lease) -> bool:
+        with self._cv:
+            return getattr(lease_id, "id", lease_id) in self._leases
+
+    def lease_rows(self, lease_id: int | Lease) -> list[int] | None:
+        with self._cv:
+            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            return None if rec is None else list(rec.rows)
+
+    def renew(self, lease_id: int | Lease, lease_s: float | None = None) -> bool:
+        with self._cv:
+            return self._renew(self._clock(), getattr(lease_id, "id", lease_id), lease_s)
+
+    def _renew(self, now: float, lid: int, lease_s) -> bool:
+        rec = self._leases.get(int(lid))
+        if rec is None:
+            return False
+        rec.deadline = now + (self.lease_s if lease_s is None else lease_s)
+        heappush(self._heap, (rec.deadline, rec.id))
+        return True
+
+    def renew_many(self, lease_ids: list[int], lease_s: float | None = None) -> int:
+        with self._cv:
+            now = self._clock()
+            return sum(self._renew(now, lid, lease_s) for lid in lease_ids)
+
+    def revoke(self, owner: str) -> int:
+        with self._cv:
+            gone = [rec for rec in self._leases.values() if rec.owner == owner]
+            for rec in gone:
+                del self._leases[rec.id]
+                self._unhold(rec.task, rec.pos)
+            self._counters["leases_revoked"] += len(gone)
+            self._counters["leases_reissued"] += len(gone)
+            return len(gone)
+
+    def expire(self, now: float | None = None) -> int:
+        with self._cv:
+            return self._expire_locked(self._clock() if now is None else now)
+
+    def _expire_locked(self, now: float) -> int:
+        count = 0
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            deadline, lid = heappop(heap)
+            rec = self._leases.get(lid)
+            if rec is None or rec.deadline != deadline:
+                continue
+            del self._leases[lid]
+            self._unhold(rec.task, rec.pos)
+            self._counters["leases_reissued"] += 1
+            self._counters["rows_reissued"] += len(rec.pos)
+            count += 1
+        return count
+
+    def drop(self, rows: list[int], reason: str) -> int:
+        with self._cv:
+            pos = self._positions(rows)
+            new = {p for p in pos if not self._dropped[p]}
+            for p in new:
+                self._dropped[p] = 1
+                r, g = self._row[p], self._group[p]
+                for t in self._tasks.values():
+                    if r in t.elig:
+                        t.remove(r, g)
+                self._gc_cand.append(p)
+            self._drops[reason] += len(new)
+            return len(new)
+
+    # ------------------------------------------------------------------ inspection
+    def consumed(self, task: str) -> list[int]:
+        with self._cv:
+            return [r for _, rows in self._task(task).order for r in rows]
+
+    def consumed_log(self, task: str) -> list[tuple[float, list[int]]]:
+        with self._cv:
+            return [(ts, list(rows)) for ts, rows in self._task(task).order]
+
+    def drop_counts(self) -> dict[str, int]:
+        with self._cv:
+            return {k: int(v) for k, v in self._drops.items() if v}
+
+    def pending(self, task: str) -> int:
+        with self._cv:
+            return len(self._task(task).elig)
+
+    def stats(self) -> dict:
+        with self._cv:
+            c = self._counters
+            return {
+                "rows": len(self._row),
+                "freed": sum(self._freed),
+                "tasks": {name: {"consumed": t.n_consumed, "leased": t.n_held,
+                                 "ready": len(t.elig)} for name, t in self._tasks.items()},
+                "drops": dict(self._drops),
+                "leases_live": len(self._leases),
+                **{k: c[k] for k in ("leases_reissued", "rows_reissued", "stale_acks",
+                                     "stale_writes", "leases_restored", "leases_revoked")},
+            }
+
+    def gc(self) -> int:
+        """Free the values of rows every task consumed (or that were dropped) and no lease
+        holds (SampleStore.gc); only rows whose last consumption or drop came since are looked
+        at."""
+        with self._cv:
+            if not self._tasks:
+                return 0
+            tasks = list(self._tasks.values())
+            keep, freed = [], 0
+            for p in dict.fromkeys(self._gc_cand):
+                if self._freed[p]:
+                    continue
+                drop = self._dropped[p]
+                if any(t.held[p] for t in tasks):
+                    if drop:
+                        keep.append(p)
+                    continue
+                if not drop and not all(t.consumed[p] for t in tasks):
+                    continue
+                for col in self._data.values():
+                    col[p] = None
+                self._freed[p] = 1
+                freed += 1
+            self._gc_cand = keep
+            return freed
+
+    # ------------------------------------------------------------------ checkpoint
+    def snapshot(self) -> dict:
+        """Plain data, in SampleStore's format (either store restores the other's)."""
+        with self._cv:
+            fields = {}
+            for f, col in self._data.items():
+                ready = self._ready[f]
+                pos = [p for p in range(len(self._row)) if ready[p]]
+                fields[f] = {"rows": [self._row[p] for p in pos], "values": [col[p] for p in pos]}
+            n = len(self._row)
+            return {
+                "format": SNAPSHOT_FORMAT, "lease_s": self.lease_s, "next_row": self._next_row,
+                "next_lease": self._next_lease, "rows": list(self._row),
+                "groups": list(self._group),
+                "versions": [None if v == UNSET else v for v in self._version],
+                "fields": fields,
+                "dropped": [self._row[p] for p in range(n) if self._dropped[p]],
+                "freed": [self._row[p] for p in range(n) if self._freed[p]],
+                "drops": dict(self._drops),
+                "tasks": {name: {"inputs": list(t.inputs),
+                                 "consumed": [[ts, list(r)] for ts, r in t.order]}
+                          for name, t in self._tasks.items()},
+                "leases": [{"id": rec.id, "task": rec.task.name, "rows": list(rec.rows),
+                            "counted": True} for rec in self._leases.values()],
+                "counters": dict(self._counters),
+            }
+
+    @classmethod
+    def restore(cls, d: dict, **kwargs) -> "VStore":
+        if d.get("format") != SNAPSHOT_FORMAT:
+            raise StoreError(f"snapshot format {d.get('format')!r} is not {SNAPSHOT_FORMAT}")
+        s = cls(d.get("lease_s", 60.0), **kwargs)
+        s.add_rows({}, d["groups"], d["versions"], rows=d["rows"])
+        with s._cv:
+            for f, fd in d["fields"].items():
+                s._data[f] = col = [None] * len(s._row)
+                s._ready[f] = ready = bytearray(len(s._row))
+                for p, v in zip(s._positions(fd["rows"]), fd["values"]):
+                    col[p], ready[p] = v, 1
+            for p in s._positions(d["dropped"]):
+                s._dropped[p] = 1
+            for p in s._positions(d["freed"]):
+                s._freed[p] = 1
+            s._drops.update(d["drops"])
+            s._counters.update(d.get("counters", {}))
+            s._counters["leases_restored"] += sum(bool(x.get("counted", True)) for x in d["leases"])
+            s._next_row = max(s._next_row, d["next_row"])
+            s._next_lease = d["next_lease"]
+        for name, td in d["tasks"].items():
+            s.register_task(name, td["inputs"])  # eligibility below, once marks are in
+        with s._cv:
+            for name, td in d["tasks"].items():
+                t = s._tasks[name]
+                for ts, rows in td["consumed"]:
+                    for p in s._positions(rows):
+                        t.consumed[p] = 1
+                        s._done[p] += 1
+                        if s._row[p] in t.elig:
+                            t.remove(s._row[p], s._group[p])
+                    t.n_consumed += len(rows)
+                    t.order.append((ts, list(rows)))
+            for t in s._tasks.values():
+                t.rebuild()
+        return s
+
+
+__all__ = ["VStore"]
