@@ -2,8 +2,11 @@
 
 What runs is the runtime's own scheduling code, on the runtime's own objects:
 
-- the sample store is :class:`asyncflow.runtime.store.SampleStore` on a virtual clock (leases,
-  acks, partial acks, drops, versions, whole-group reads);
+- the sample store has the rules of :class:`asyncflow.runtime.store.SampleStore` on a virtual
+  clock (leases, acks, partial acks, drops, versions, whole-group reads): it is
+  :class:`asyncflow.simulate.vstore.VStore`, which keeps per-task indexes of the eligible rows
+  updated on each write, lease, ack and drop instead of scanning the store's arrays (the store
+  contract suite and a property test hold it equal to SampleStore);
 - every worker is a host of the runtime's loop state, :class:`asyncflow.runtime.loops.Loop`
   (:mod:`asyncflow.simulate.workers`: its gate, windows, staleness acceptance, op handlers
   ``op_read``, ``op_write`` with gate rule 3, ``op_adopt``, ``remove_rows``, the trainer's
@@ -109,7 +112,8 @@ class SimResult:
 class Simulation:
     """Execute ``plan`` in virtual time (module docstring)."""
 
-    def __init__(self, plan: Plan, *, max_events: int = 0, exhaustive: bool = False):
+    def __init__(self, plan: Plan, *, max_events: int = 0, exhaustive: bool = False,
+                 store=None):
         self.plan = plan
         # exhaustive: after every event, every waiting worker reads again (no wake-up skipped;
         # the tests check that the targeted wake-ups give the very same run)
@@ -120,7 +124,9 @@ class Simulation:
         self.events = 0
         self.max_events = max_events
         st = plan.step
-        self.store = VStore(lease_s=FOREVER, clock=lambda: self.now)
+        # the virtual-time store (asyncflow/simulate/vstore.py: the in-process store's rules,
+        # event-indexed); ``store``: another Store class to run on (the tests compare them)
+        self.store = (store or VStore)(lease_s=FOREVER, clock=lambda: self.now)
         for t in plan.tasks:
             self.store.register_task(t.name, list(t.inputs))
         self.control = SimControl(self)
@@ -338,12 +344,13 @@ def _last_writers(plan: Plan) -> dict[str, list[str]]:
 
 
 def simulate(plan: Plan, *, steps: int | None = None, max_events: int = 0,
-             exhaustive: bool = False) -> SimResult:
+             exhaustive: bool = False, store=None) -> SimResult:
     """Execute ``plan`` in virtual time and return what it did (module docstring). ``steps``
-    overrides the plan's; ``max_events`` stops a runaway simulation (``stalled`` says so)."""
+    overrides the plan's; ``max_events`` stops a runaway simulation (``stalled`` says so);
+    ``store``: the Store class to run on (default :class:`~asyncflow.simulate.vstore.VStore`)."""
     if steps is not None:
         plan = plan.with_steps(steps)
-    return Simulation(plan, max_events=max_events, exhaustive=exhaustive).run()
+    return Simulation(plan, max_events=max_events, exhaustive=exhaustive, store=store).run()
 
 
 __all__ = ["Device", "SimResult", "Simulation", "device", "has_costs", "simulate"]
