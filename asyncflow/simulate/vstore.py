@@ -58,6 +58,7 @@ class VStore:
         self._done: list[int] = []  # position -> tasks that consumed it
         self._gc_cand: list[int] = []  # positions that may be freeable
         self._changes = 0
+        self._waiters = 0  # reads waiting on _cv (a write notifies only when there are some)
 
     # ------------------------------------------------------------------ positions
     def _positions(self, rows) -> list[int]:
@@ -83,24 +84,26 @@ class VStore:
         except KeyError:
             raise StoreError(f"unknown task {task!r}; register_task it first") from None
 
-    def _eligible_now(self, t: VTask, p: int) -> bool:
-        if t.consumed[p] or t.held[p] or self._dropped[p]:
-            return False
-        ready = self._ready
-        for f in t.inputs:
-            r = ready.get(f)
-            if r is None or not r[p]:
-                return False
-        return True
-
     def _recheck(self, t: VTask, pos) -> None:
-        """Positions ``pos`` may have become eligible for ``t``."""
-        row, group, elig = self._row, self._group, t.elig
+        """Positions ``pos`` may have become eligible for ``t``: those that are join its set."""
+        readies = []
+        for f in t.inputs:
+            r = self._ready.get(f)
+            if r is None:
+                return
+            readies.append(r)
+        consumed, held, dropped, elig = t.consumed, t.held, self._dropped, t.elig
+        row, group = self._row, self._group
         for p in pos:
-            if self._eligible_now(t, p):
-                r = row[p]
-                if r not in elig:
-                    t.add(r, group[p])
+            if consumed[p] or held[p] or dropped[p]:
+                continue
+            for r in readies:
+                if not r[p]:
+                    break
+            else:
+                rr = row[p]
+                if rr not in elig:
+                    t.add(rr, group[p])
 
     # ------------------------------------------------------------------ writing
     def register_task(self, task: str, inputs: list[str]) -> None:
@@ -161,8 +164,7 @@ class VStore:
                     for r, g in zip(new, groups):
                         add(r, int(g))
                 t.tidy()
-            self._changes += 1
-            self._cv.notify_all()
+            self._changed()
             return new
 
     def write(self, rows: list[int], columns: dict[str, list], *, lease_id: int | None = None) -> bool:
@@ -175,41 +177,50 @@ class VStore:
 
     def _write_pos(self, pos: list[int], columns: dict[str, list]) -> None:
         k = len(pos)
+        ready_of = self._ready
         for f, v in columns.items():
-            if f in ("_row", "_group"):
+            if f == "_row" or f == "_group":
                 raise StoreError(f"{f} is set by the store")
             if len(v) != k:
                 raise StoreError(f"column {f!r} has {len(v)} values for {k} rows")
-            r = self._ready.get(f) if f != "_version" else None
-            if r is not None:
-                twice = [p for p in pos if r[p]]
-                if twice:
-                    rows = [self._row[p] for p in twice[:5]]
-                    raise StoreError(f"field {f!r} written twice on rows {rows}")
+            r = ready_of.get(f) if f != "_version" else None
+            if r is not None and any(r[p] for p in pos):
+                rows = [self._row[p] for p in pos if r[p]][:5]
+                raise StoreError(f"field {f!r} written twice on rows {rows}")
         if k > 1 and len(set(pos)) != k:
             raise StoreError("write: a row appears twice")
         if k == 0:
             return
-        touched: set = set()
+        touched: list = []
         for f, v in columns.items():
             if f == "_version":
                 ver = self._version
                 for p, x in zip(pos, v):
                     ver[p] = UNSET if x is None else x
                 continue
-            if f not in self._data:
-                self._data[f] = [None] * len(self._row)
-                self._ready[f] = bytearray(len(self._row))
-            col, ready = self._data[f], self._ready[f]
-            for p, x in zip(pos, v):
-                col[p] = x
+            col = self._data.get(f)
+            if col is None:
+                col = self._data[f] = [None] * len(self._row)
+                ready_of[f] = bytearray(len(self._row))
+            ready = ready_of[f]
+            if k == 1:
+                p = pos[0]
+                col[p] = v[0]
                 ready[p] = 1
-            for t in self._readers.get(f, ()):
-                touched.add(t.name)
-        for name in touched:
-            self._recheck(self._tasks[name], pos)
+            else:
+                for p, x in zip(pos, v):
+                    col[p] = x
+                    ready[p] = 1
+            touched += self._readers.get(f, ())
+        for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
+            self._recheck(t, pos)
+        self._changed()
+
+    def _changed(self) -> None:
+        """Rows may have become eligible: wake the reads that wait (``get(timeout=...)``)."""
         self._changes += 1
-        self._cv.notify_all()
+        if self._waiters:
+            self._cv.notify_all()
 
     def all_freed(self, rows) -> bool:
         with self._cv:
@@ -277,7 +288,11 @@ class VStore:
                 return None
             if self._heap:
                 left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
-            self._cv.wait(left)
+            self._waiters += 1
+            try:
+                self._cv.wait(left)
+            finally:
+                self._waiters -= 1
 
     def get(self, task: str, n: int, *, min_rows: int = 1, whole_groups: bool = False,
             group_size: int = 1, max_row: int | None = None, timeout: float = 0.0,
@@ -323,11 +338,16 @@ class VStore:
         lid = self._next_lease
         self._next_lease += 1
         deadline = now + (self.lease_s if lease_s is None else lease_s)
-        pos = self._positions(rows) if self._pos is not None else rows
+        pos = rows if self._pos is None else [self._pos[r] for r in rows]
         held, group = t.held, self._group
-        for r, p in zip(rows, pos):
-            held[p] = 1
-            t.remove(r, group[p])
+        if t.groups is None:
+            t.elig.difference_update(rows)
+            for p in pos:
+                held[p] = 1
+        else:
+            for r, p in zip(rows, pos):
+                held[p] = 1
+                t.remove(r, group[p])
         t.n_held += len(rows)
         self._leases[lid] = VLease(lid, t, list(pos), list(rows), deadline, owner)
         heappush(self._heap, (deadline, lid))
@@ -411,8 +431,7 @@ class VStore:
             held[p] = 0
         t.n_held -= len(pos)
         self._recheck(t, pos)
-        self._changes += 1
-        self._cv.notify_all()
+        self._changed()
 
     def release(self, lease_id: int | Lease) -> bool:
         with self._cv:
