@@ -3,6 +3,14 @@
     python benchmarks/simulate_scale.py [--devices 16,64,256,1024,4096,10000] [--steps 20]
                                         [--big-steps 5] [--per-device 2] [--slots 4]
                                         [--alpha 1] [--json PATH]
+                                        [--baseline DIR [--repeat 2]]
+
+``--baseline DIR``: before/after, side by side. Each size runs in subprocesses, once with
+``PYTHONPATH=DIR`` (another checkout of asyncflow, e.g. the commit before a change) and once
+with this checkout, alternating which goes first, ``--repeat`` times; printed per size: the
+wall seconds (build + simulate, the best of the repeats) and simulated samples/s (samples
+trained / those seconds) of each, their ratio, and whether both simulated the same run (the
+same events, samples and virtual time).
 
 Every pipeline is built in code (a YAML file written to a temporary directory, the shape of
 ``pipelines/sim_longtail.yaml``): N rollout devices = N replicas of ``generate`` (sim engine,
@@ -121,6 +129,56 @@ def one(n: int, steps: int, per_device: int, slots: int, alpha: int, tmp: str) -
             "stalled": r.stalled}
 
 
+def _sub(pythonpath: str, n: int, steps: int, a, tmp: str) -> dict:
+    """One size in a subprocess with ``PYTHONPATH=pythonpath``: its result row."""
+    import subprocess
+
+    out = os.path.join(tmp, f"r_{n}_{abs(hash(pythonpath))}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--devices", str(n), "--steps", str(steps),
+           "--big-steps", str(steps), "--per-device", str(a.per_device), "--slots", str(a.slots),
+           "--alpha", str(a.alpha), "--json", out]
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return json.load(f)[0]
+
+
+def compare(a, sizes: list[int]) -> int:
+    """``--baseline``: before/after side by side (module docstring)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="af-scale-") as tmp:
+        for n in sizes:
+            steps = a.big_steps if n >= 4096 else a.steps
+            best = {"before": None, "after": None}
+            for i in range(a.repeat):
+                order = [("before", a.baseline), ("after", here)]
+                for name, path in (order if i % 2 == 0 else order[::-1]):
+                    r = _sub(path, n, steps, a, tmp)
+                    r["wall"] = r["build_s"] + r["simulate_s"]
+                    if best[name] is None or r["wall"] < best[name]["wall"]:
+                        best[name] = r
+            b, f = best["before"], best["after"]
+            same = all(b[k] == f[k] for k in ("events", "samples", "virtual_s", "steps"))
+            rows.append((n, steps, b, f, same))
+            print(f"  {n} devices: before {b['wall']:.2f} s, after {f['wall']:.2f} s",
+                  file=sys.stderr)
+    print(f"simulate cost, before ({a.baseline}) / after (this checkout): {a.per_device} "
+          f"samples/step per device, {a.slots} slots a replica, alpha {a.alpha}, best of "
+          f"{a.repeat}")
+    head = (f"{'devices':>7} {'steps':>5} {'samples/step':>12} {'samples':>8} "
+            f"{'before s':>9} {'after s':>8} {'before smp/s':>12} {'after smp/s':>11} "
+            f"{'speedup':>7} {'same run':>8}")
+    print(head)
+    print("-" * len(head))
+    for n, steps, b, f, same in rows:
+        print(f"{n:>7} {steps:>5} {f['samples_per_step']:>12} {f['samples']:>8} "
+              f"{b['wall']:>9.2f} {f['wall']:>8.2f} {b['samples'] / b['wall']:>12.0f} "
+              f"{f['samples'] / f['wall']:>11.0f} {b['wall'] / f['wall']:>6.2f}x "
+              f"{'yes' if same else 'NO':>8}")
+    return 0 if all(r[4] for r in rows) else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", default="16,64,256,1024,4096,10000")
@@ -130,8 +188,13 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=4, help="slots per rollout replica")
     ap.add_argument("--alpha", type=int, default=1, help="max_staleness")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--baseline", default=None,
+                    help="before/after: PYTHONPATH of the asyncflow to compare with")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each side (--baseline)")
     a = ap.parse_args(argv)
     sizes = [int(x) for x in a.devices.split(",")]
+    if a.baseline:
+        return compare(a, sizes)
     rows = []
     with tempfile.TemporaryDirectory(prefix="af-scale-") as tmp:
         for n in sizes:
@@ -154,6 +217,10 @@ def main(argv=None) -> int:
               f"{r['us_per_sample']:>9.1f} {r['samples_per_s_virtual']:>14.1f} "
               f"{r['rollout_utilization'] or 0:>9.3f}" + (f"  STALLED: {r['stalled']}"
                                                           if r["stalled"] else ""))
+    for r in rows:
+        wall = r["build_s"] + r["simulate_s"]
+        print(f"{r['devices']:>7} devices: {r['samples'] / wall if wall else 0:,.0f} simulated "
+              f"samples/s ({r['samples']} samples in {wall:.1f} s)")
     for r in rows:
         if r["devices"] == 1024 and r["steps"] >= 20:
             s = r["build_s"] + r["simulate_s"]

@@ -397,6 +397,13 @@ class VStore:
 
     def _part(self, rec: VLease, rows) -> tuple[list[int], list[int]]:
         """(positions of ``rows``, in their order; indices of ``rec``'s rows it keeps)."""
+        if len(rows) == 1:  # a serve loop settles one sample at a time
+            r = int(rows[0])
+            try:
+                i = rec.rows.index(r)
+            except ValueError:
+                raise StoreError(f"row {r} is not in lease {rec.id}") from None
+            return [rec.pos[i]], [j for j in range(len(rec.rows)) if j != i]
         at = {r: i for i, r in enumerate(rec.rows)}
         try:
             idx = [at[int(r)] for r in rows]
