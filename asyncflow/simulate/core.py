@@ -146,6 +146,7 @@ class Simulation:
         self.source_fields = sorted(sources) or ["prompt"]
         self.trainers = [t.name for t in plan.tasks if rules_of(t.kind).trains]
         self.done = {t: 0 for t in self.trainers}
+        self.finished = False  # every trainer did its last step (set by step_done)
         self.ahead = feed_ahead(plan)
         self.fed = 0
         self._soon: list = []
@@ -226,6 +227,7 @@ class Simulation:
 
     def step_done(self, w: TrainWorker, step: int, rows: list[int], stale: list[int]) -> None:
         self.done[w.task.name] = step + 1
+        self.finished = all(d >= self.plan.step.steps for d in self.done.values())
         rep = self._reports.setdefault(step, {})
         rep[w.task.name] = (rows, stale)
         if all(t in rep for t in self.trainers):
@@ -254,37 +256,39 @@ class Simulation:
     # -- run -------------------------------------------------------------------------------------
     def run(self) -> SimResult:
         t0 = time.perf_counter()
-        st = self.plan.step
         self.feed()
         for w in self.workers:
             self.soon(w.poke)
-        heap = self._heap
+        heap, pop = self._heap, heapq.heappop
+        exhaustive, max_events = self.exhaustive, self.max_events
+        events = 0  # self.events, kept in a local while the loop runs
         while True:
             while self._soon:
                 batch, self._soon = self._soon, []
                 self._soon_keys = set()
                 for fn, args in batch:
                     fn(*args)
-                    self.events += 1
-            if self.trainers and all(d >= st.steps for d in self.done.values()):
+                events += len(batch)
+            if self.finished:
                 break
             if not heap:
                 self.result.stalled = "nothing left to happen (no rows the gate lets start)"
                 break
-            if self.max_events and self.events > self.max_events:
-                self.result.stalled = f"more than {self.max_events} events"
+            if max_events and events > max_events:
+                self.result.stalled = f"more than {max_events} events"
                 break
-            t, _, fn, args = heapq.heappop(heap)
+            t, _, fn, args = pop(heap)
             self.now = t
             fn(*args)
-            self.events += 1
-            if self.exhaustive:
+            events += 1
+            if exhaustive:
                 for w in self.workers:
                     w.fresh, w.dry = max(w.fresh, w.need), False
                     if w.waiting:
                         self.soon(w.poke)
-            if self.events % 4096 == 0:
+            if events % 4096 == 0:
                 self.store.gc()
+        self.events = events
         self._finish(t0)
         return self.result
 
