@@ -184,7 +184,7 @@ class VStore:
             if len(v) != k:
                 raise StoreError(f"column {f!r} has {len(v)} values for {k} rows")
             r = ready_of.get(f) if f != "_version" else None
-            if r is not None and any(r[p] for p in pos):
+            if r is not None and (r[pos[0]] if k == 1 else any(r[p] for p in pos)):
                 rows = [self._row[p] for p in pos if r[p]][:5]
                 raise StoreError(f"field {f!r} written twice on rows {rows}")
         if k > 1 and len(set(pos)) != k:
@@ -335,11 +335,12 @@ class VStore:
 
     def _lease_locked(self, t: VTask, rows: list[int], fields, now: float, lease_s,
                       owner: str | None) -> Lease:
+        """Lease ``rows`` (a list the caller hands over) to ``t``."""
         lid = self._next_lease
-        self._next_lease += 1
+        self._next_lease = lid + 1
         deadline = now + (self.lease_s if lease_s is None else lease_s)
         pos = rows if self._pos is None else [self._pos[r] for r in rows]
-        held, group = t.held, self._group
+        held, group, data = t.held, self._group, self._data
         if t.groups is None:
             t.elig.difference_update(rows)
             for p in pos:
@@ -349,11 +350,20 @@ class VStore:
                 held[p] = 1
                 t.remove(r, group[p])
         t.n_held += len(rows)
-        self._leases[lid] = VLease(lid, t, list(pos), list(rows), deadline, owner)
+        self._leases[lid] = VLease(lid, t, pos, rows, deadline, owner)  # never changed in place
         heappush(self._heap, (deadline, lid))
         cols: dict[str, list] = {}
+        if len(pos) == 1:  # a serve loop's free slot
+            p = pos[0]
+            for f in (t.inputs if fields is None else fields):
+                col = data.get(f)
+                cols[f] = [None if col is None else col[p]]
+            v = self._version[p]
+            cols["_row"], cols["_group"] = [rows[0]], [group[p]]
+            cols["_version"] = [None if v == UNSET else v]
+            return Lease(lid, t.name, [rows[0]], cols, deadline)
         for f in (t.inputs if fields is None else fields):
-            col = self._data.get(f)
+            col = data.get(f)
             cols[f] = [None] * len(pos) if col is None else [col[p] for p in pos]
         cols["_row"] = list(rows)
         cols["_group"] = [group[p] for p in pos]
