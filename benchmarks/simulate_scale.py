@@ -9,8 +9,9 @@
 ``PYTHONPATH=DIR`` (another checkout of asyncflow, e.g. the commit before a change) and once
 with this checkout, alternating which goes first, ``--repeat`` times; printed per size: the
 wall seconds (build + simulate, the best of the repeats) and simulated samples/s (samples
-trained / those seconds) of each, their ratio, and whether both simulated the same run (the
-same events, samples and virtual time).
+trained / those seconds) of each, their ratio, the CPU seconds of each (what a shared
+machine's load does not inflate), and whether both simulated the same run (the same events,
+samples and virtual time).
 
 Every pipeline is built in code (a YAML file written to a temporary directory, the shape of
 ``pipelines/sim_longtail.yaml``): N rollout devices = N replicas of ``generate`` (sim engine,
@@ -112,15 +113,16 @@ def one(n: int, steps: int, per_device: int, slots: int, alpha: int, tmp: str) -
     t = time.perf_counter()
     plan = compile_file(path)
     compile_s = time.perf_counter() - t
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     sim = Simulation(plan)
     build_s = time.perf_counter() - t
     r = sim.run()
+    cpu_s = time.process_time() - c  # build + simulate: this process's CPU (a loaded machine)
     trained = sum(r.samples)
     generated = sim.fed * plan.step.samples_per_prompt  # rows fed (some still in flight)
     return {"devices": n, "steps": len(r.step_ends), "steps_asked": steps,
             "samples_per_step": plan.step.samples_per_step, "slots": slots, "alpha": alpha,
-            "compile_s": compile_s, "build_s": build_s, "simulate_s": r.wall_s,
+            "compile_s": compile_s, "build_s": build_s, "simulate_s": r.wall_s, "cpu_s": cpu_s,
             "events": r.events, "events_per_s": r.events / r.wall_s if r.wall_s else 0.0,
             "samples": trained, "rows_fed": generated,
             "us_per_sample": 1e6 * (build_s + r.wall_s) / trained if trained else 0.0,
@@ -168,13 +170,15 @@ def compare(a, sizes: list[int]) -> int:
           f"{a.repeat}")
     head = (f"{'devices':>7} {'steps':>5} {'samples/step':>12} {'samples':>8} "
             f"{'before s':>9} {'after s':>8} {'before smp/s':>12} {'after smp/s':>11} "
-            f"{'speedup':>7} {'same run':>8}")
+            f"{'speedup':>7} {'before cpu s':>12} {'after cpu s':>11} {'cpu speedup':>11} "
+            f"{'same run':>8}")
     print(head)
     print("-" * len(head))
     for n, steps, b, f, same in rows:
         print(f"{n:>7} {steps:>5} {f['samples_per_step']:>12} {f['samples']:>8} "
               f"{b['wall']:>9.2f} {f['wall']:>8.2f} {b['samples'] / b['wall']:>12.0f} "
               f"{f['samples'] / f['wall']:>11.0f} {b['wall'] / f['wall']:>6.2f}x "
+              f"{b['cpu_s']:>12.2f} {f['cpu_s']:>11.2f} {b['cpu_s'] / f['cpu_s']:>10.2f}x "
               f"{'yes' if same else 'NO':>8}")
     return 0 if all(r[4] for r in rows) else 1
 
@@ -220,7 +224,7 @@ def main(argv=None) -> int:
     for r in rows:
         wall = r["build_s"] + r["simulate_s"]
         print(f"{r['devices']:>7} devices: {r['samples'] / wall if wall else 0:,.0f} simulated "
-              f"samples/s ({r['samples']} samples in {wall:.1f} s)")
+              f"samples/s ({r['samples']} samples in {wall:.1f} s wall, {r['cpu_s']:.1f} s CPU)")
     for r in rows:
         if r["devices"] == 1024 and r["steps"] >= 20:
             s = r["build_s"] + r["simulate_s"]
