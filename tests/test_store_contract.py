@@ -1,6 +1,9 @@
-"""The :class:`~asyncflow.runtime.store.protocol.Store` contract, one suite run against both stores.
+"""The :class:`~asyncflow.runtime.store.protocol.Store` contract, one suite run against every store.
 
-Every test takes the ``store`` fixture: an in-process :class:`SampleStore` ("local") and a
+Every test takes the ``store`` fixture: an in-process :class:`SampleStore` ("local"), the
+simulator's event-indexed :class:`~asyncflow.simulate.vstore.VStore` ("vstore": the same rules
+without the numpy scans; ``tests/test_vstore_props.py`` also drives it and a SampleStore with one
+random history) and a
 :class:`RayStore` with 2 shards and a chunk of 8 rows ("ray": a test's rows 0-7 live on shard 0,
 8-15 on shard 1, 16-23 on shard 0 again...), and uses only the protocol's methods (rules: the
 module docstring of :mod:`asyncflow.runtime.store`). A difference between the two stores found
