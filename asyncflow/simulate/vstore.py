@@ -24,16 +24,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from heapq import heappop, heappush
+from heapq import heappush
 from typing import Any, Callable
 
 from asyncflow.runtime.store.common import (SNAPSHOT_FORMAT, UNSET, Lease, StoreError,
                                             check_new_rows)
+from asyncflow.simulate.vstore_leases import VLeases
 from asyncflow.simulate.vstore_task import VLease, VTask, select_groups
 
 
-class VStore:
-    """Event-indexed in-process store (module docstring); a drop-in for SampleStore."""
+class VStore(VLeases):
+    """Event-indexed in-process store (module docstring); a drop-in for SampleStore. Its lease
+    lifecycle (acks, releases, renewals, revokes, expiry) is
+    :class:`~asyncflow.simulate.vstore_leases.VLeases`."""
 
     def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
         self.lease_s = float(lease_s)
@@ -85,13 +88,13 @@ class VStore:
             raise StoreError(f"unknown task {task!r}; register_task it first") from None
 
     def _recheck(self, t: VTask, pos) -> None:
-        """Positions ``pos`` may have become eligible for ``t``: those that are join its set."""
-        readies = []
-        for f in t.inputs:
-            r = self._ready.get(f)
-            if r is None:
+        """Positions ``pos`` may have become eligible for ``t``: those that are, join its set."""
+        readies = t.readies
+        if readies is None:  # the ready bits of t's inputs, once they all exist
+            readies = [self._ready.get(f) for f in t.inputs]
+            if any(r is None for r in readies):
                 return
-            readies.append(r)
+            t.readies = readies
         consumed, held, dropped, elig = t.consumed, t.held, self._dropped, t.elig
         row, group = self._row, self._group
         for p in pos:
@@ -157,6 +160,7 @@ class VStore:
                 if f not in self._data:
                     self._data[f] = [None] * n + list(v)
                     self._ready[f] = bytearray(n) + b"\x01" * k
+                    self._new_field()
             for t in self._tasks.values():
                 t.grow(k)
                 if all(f in columns for f in t.inputs):
@@ -202,6 +206,7 @@ class VStore:
             if col is None:
                 col = self._data[f] = [None] * len(self._row)
                 ready_of[f] = bytearray(len(self._row))
+                self._new_field()
             ready = ready_of[f]
             if k == 1:
                 p = pos[0]
@@ -215,6 +220,10 @@ class VStore:
         for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
             self._recheck(t, pos)
         self._changed()
+
+    def _new_field(self) -> None:
+        for t in self._tasks.values():
+            t.readies = None
 
     def _changed(self) -> None:
         """Rows may have become eligible: wake the reads that wait (``get(timeout=...)``)."""
@@ -231,19 +240,17 @@ class VStore:
             self._next_row = max(self._next_row, int(first_row))
 
     # ------------------------------------------------------------------ reads
-    def _plain(self, t: VTask, n: int, max_row, filter_fn, min_version) -> list[int]:
-        """Up to ``n`` lowest eligible rows passing the filters, off ``t``'s heap (put back
-        by :meth:`VTask.unpop` if not leased)."""
+    def _ok(self, min_version, filter_fn):
+        """The row test of a read's ``min_version`` and ``filter_fn`` (None without them)."""
         if filter_fn is None and min_version is None:
-            return t.pop_lowest(n, max_row, None)
-        row_info = self._row_info
+            return None
 
         def ok(r: int) -> bool:
             p = self._p(r)
             if min_version is not None and self._version[p] < min_version:
                 return False
-            return filter_fn is None or bool(filter_fn(row_info(p)))
-        return t.pop_lowest(n, max_row, ok)
+            return filter_fn is None or bool(filter_fn(self._row_info(p)))
+        return ok
 
     def _row_info(self, p: int) -> dict:
         v = self._version[p]
@@ -251,26 +258,19 @@ class VStore:
 
     def _select(self, t: VTask, n: int, whole_groups: bool, group_size: int, max_row,
                 filter_fn, min_version) -> tuple[list[int], bool]:
-        """(rows ascending, whether they were popped off the heap)."""
+        """(rows ascending, whether they were popped off the heap: :meth:`VTask.unpop` puts
+        them back if they are not leased)."""
+        ok = self._ok(min_version, filter_fn)
         if not whole_groups:
-            return self._plain(t, n, max_row, filter_fn, min_version), True
+            return t.pop_lowest(n, max_row, ok), True
         if group_size < 1:
             raise StoreError("group_size must be >= 1")
         if n // group_size == 0:
             return [], False
-        if filter_fn is None and min_version is None:
+        if ok is None:
             return t.full_groups(n // group_size, group_size, max_row,
                                  lambda r: self._group[self._p(r)]), False
-        cand = []
-        for r in sorted(t.elig):
-            if max_row is not None and r >= max_row:
-                break
-            p = self._p(r)
-            if min_version is not None and self._version[p] < min_version:
-                continue
-            if filter_fn is not None and not filter_fn(self._row_info(p)):
-                continue
-            cand.append(r)
+        cand = [r for r in sorted(t.elig) if (max_row is None or r < max_row) and ok(r)]
         return select_groups(cand, [self._group[self._p(r)] for r in cand],
                              n // group_size, group_size), False
 
@@ -317,7 +317,7 @@ class VStore:
         deadline = self._clock() + timeout
 
         def select():
-            rows = self._plain(t, n, max_row, filter_fn, min_version)
+            rows = t.pop_lowest(n, max_row, self._ok(min_version, filter_fn))
             if len(rows) < n:
                 cut = len(rows) // split * split
                 t.unpop(rows[cut:])
@@ -370,158 +370,6 @@ class VStore:
         ver = self._version
         cols["_version"] = [None if ver[p] == UNSET else ver[p] for p in pos]
         return Lease(lid, t.name, list(rows), cols, deadline)
-
-    # ------------------------------------------------------------------ leases
-    def _acked(self, lease_id) -> VLease | None:
-        rec = self._leases.get(getattr(lease_id, "id", lease_id))
-        if rec is None:
-            self._counters["stale_acks"] += 1
-        return rec
-
-    def _consume(self, t: VTask, pos: list[int], rows: list[int]) -> None:
-        held, consumed, done = t.held, t.consumed, self._done
-        ntasks = len(self._tasks)
-        for p in pos:
-            held[p] = 0
-            consumed[p] = 1
-            done[p] += 1
-            if done[p] >= ntasks:
-                self._gc_cand.append(p)
-        t.n_held -= len(pos)
-        t.n_consumed += len(pos)
-        t.order.append((self._clock(), rows))
-
-    def ack(self, lease_id: int | Lease, columns: dict[str, list] | None = None) -> bool:
-        with self._cv:
-            rec = self._acked(lease_id)
-            if rec is None:
-                return False
-            if columns:
-                self._write_pos(rec.pos, columns)
-            del self._leases[rec.id]
-            self._consume(rec.task, rec.pos, rec.rows)
-            return True
-
-    def ack_many(self, lease_ids: list) -> list[bool]:
-        return [self.ack(lid) for lid in lease_ids]
-
-    def _part(self, rec: VLease, rows) -> tuple[list[int], list[int]]:
-        """(positions of ``rows``, in their order; indices of ``rec``'s rows it keeps)."""
-        if len(rows) == 1:  # a serve loop settles one sample at a time
-            r = int(rows[0])
-            try:
-                i = rec.rows.index(r)
-            except ValueError:
-                raise StoreError(f"row {r} is not in lease {rec.id}") from None
-            return [rec.pos[i]], [j for j in range(len(rec.rows)) if j != i]
-        at = {r: i for i, r in enumerate(rec.rows)}
-        try:
-            idx = [at[int(r)] for r in rows]
-        except KeyError as e:
-            raise StoreError(f"row {e.args[0]} is not in lease {rec.id}") from None
-        gone = set(idx)
-        return [rec.pos[i] for i in idx], [i for i in range(len(rec.rows)) if i not in gone]
-
-    def _shrink(self, rec: VLease, keep: list[int]) -> None:
-        if not keep:
-            del self._leases[rec.id]
-            return
-        rec.pos = [rec.pos[i] for i in keep]
-        rec.rows = [rec.rows[i] for i in keep]
-
-    def ack_rows(self, lease_id: int | Lease, rows: list[int],
-                 columns: dict[str, list] | None = None) -> bool:
-        with self._cv:
-            rec = self._acked(lease_id)
-            if rec is None:
-                return False
-            pos, keep = self._part(rec, rows)
-            if columns:
-                self._write_pos(pos, columns)
-            self._consume(rec.task, pos, [int(r) for r in rows])
-            self._shrink(rec, keep)
-            return True
-
-    def _unhold(self, t: VTask, pos: list[int]) -> None:
-        held = t.held
-        for p in pos:
-            held[p] = 0
-        t.n_held -= len(pos)
-        self._recheck(t, pos)
-        self._changed()
-
-    def release(self, lease_id: int | Lease) -> bool:
-        with self._cv:
-            rec = self._leases.pop(getattr(lease_id, "id", lease_id), None)
-            if rec is None:
-                return False
-            self._unhold(rec.task, rec.pos)
-            return True
-
-    def release_rows(self, lease_id: int | Lease, rows: list[int]) -> bool:
-        with self._cv:
-            rec = self._leases.get(getattr(lease_id, "id", lease_id))
-            if rec is None:
-                return False
-            pos, keep = self._part(rec, rows)
-            self._unhold(rec.task, pos)
-            self._shrink(rec, keep)
-            return True
-
-    def live(self, lease_id: int | Lease) -> bool:
-        with self._cv:
-            return getattr(lease_id, "id", lease_id) in self._leases
-
-    def lease_rows(self, lease_id: int | Lease) -> list[int] | None:
-        with self._cv:
-            rec = self._leases.get(getattr(lease_id, "id", lease_id))
-            return None if rec is None else list(rec.rows)
-
-    def renew(self, lease_id: int | Lease, lease_s: float | None = None) -> bool:
-        with self._cv:
-            return self._renew(self._clock(), getattr(lease_id, "id", lease_id), lease_s)
-
-    def _renew(self, now: float, lid: int, lease_s) -> bool:
-        rec = self._leases.get(int(lid))
-        if rec is None:
-            return False
-        rec.deadline = now + (self.lease_s if lease_s is None else lease_s)
-        heappush(self._heap, (rec.deadline, rec.id))
-        return True
-
-    def renew_many(self, lease_ids: list[int], lease_s: float | None = None) -> int:
-        with self._cv:
-            now = self._clock()
-            return sum(self._renew(now, lid, lease_s) for lid in lease_ids)
-
-    def revoke(self, owner: str) -> int:
-        with self._cv:
-            gone = [rec for rec in self._leases.values() if rec.owner == owner]
-            for rec in gone:
-                del self._leases[rec.id]
-                self._unhold(rec.task, rec.pos)
-            self._counters["leases_revoked"] += len(gone)
-            self._counters["leases_reissued"] += len(gone)
-            return len(gone)
-
-    def expire(self, now: float | None = None) -> int:
-        with self._cv:
-            return self._expire_locked(self._clock() if now is None else now)
-
-    def _expire_locked(self, now: float) -> int:
-        count = 0
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            deadline, lid = heappop(heap)
-            rec = self._leases.get(lid)
-            if rec is None or rec.deadline != deadline:
-                continue
-            del self._leases[lid]
-            self._unhold(rec.task, rec.pos)
-            self._counters["leases_reissued"] += 1
-            self._counters["rows_reissued"] += len(rec.pos)
-            count += 1
-        return count
 
     def drop(self, rows: list[int], reason: str) -> int:
         with self._cv:
@@ -631,6 +479,7 @@ class VStore:
             for f, fd in d["fields"].items():
                 s._data[f] = col = [None] * len(s._row)
                 s._ready[f] = ready = bytearray(len(s._row))
+                s._new_field()
                 for p, v in zip(s._positions(fd["rows"]), fd["values"]):
                     col[p], ready[p] = v, 1
             for p in s._positions(d["dropped"]):

@@ -24,7 +24,7 @@ class VTask:
     """A task's eligible rows and marks (module docstring)."""
 
     __slots__ = ("name", "inputs", "consumed", "held", "order", "n_consumed", "n_held", "elig",
-                 "heap", "groups", "gheaps")
+                 "heap", "groups", "gheaps", "readies")
 
     def __init__(self, name: str, inputs: tuple[str, ...], n: int):
         self.name, self.inputs = name, inputs
@@ -36,6 +36,7 @@ class VTask:
         self.heap: list[int] = []  # every eligible row at least once (and stale entries)
         self.groups: dict[int, list[int]] | None = None  # group -> its eligible rows, ascending
         self.gheaps: dict[int, list[tuple[int, int]]] = {}  # size -> [(lowest row, group)]
+        self.readies: list | None = None  # the store's ready bits of the inputs (VStore._recheck)
 
     def grow(self, k: int) -> None:
         z = bytes(k)
