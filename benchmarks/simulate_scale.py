@@ -28,15 +28,16 @@ Printed per size: compile seconds, build seconds (the Simulation's workers), sim
 sample, the simulated throughput and the rollout pool's utilization. Sizes of 4,096 devices and
 more run ``--big-steps`` steps (default 5) instead of ``--steps``.
 
-Measured on the 2-core development machine (defaults): 1,024 devices x 20 steps (2,048
-samples/step) 10.4 s; with ``--per-device 4`` (4,096 samples/step) 21.7 s; 10,000 devices x 5
-steps (20,000 samples/step) 52 s. The cost per sample grows with N (165-250 us up to 1,024
-devices, 310 us at 4,096, 525 us at 10,000): the store's eligibility scan covers every live row,
-a trainer's in-order step read intersects its rows with the window on every read, and building
-a Worker finds its WorkerPlan by a linear search (3.5 s of build at 10,000).
+Measured on the 2-core development machine (defaults), with the runtime's SampleStore: 1,024
+devices x 20 steps (2,048 samples/step) 10.4 s; with ``--per-device 4`` (4,096 samples/step)
+21.7 s; 10,000 devices x 5 steps (20,000 samples/step) 52 s. The cost per sample grew with N:
+the store's eligibility scan covered every live row, and a trainer's in-order step read
+intersects its rows with the window on every read. The simulator now runs on the event-indexed
+:class:`asyncflow.simulate.vstore.VStore` (no scans); before/after figures (``--baseline``) are
+in benchmarks/README.md: 1.7-2.8x less CPU a sample at 64-1,024 devices x 16 samples each.
 
-Goal (issue "Simulate"): 1,024 rollout devices x 20 steps in under 30 s of wall time on this
-machine; and a 10,000-device run.
+Goal (issue 24): 1,024 rollout devices x 16 samples each x 20 steps in under 30 s, at least
+50,000 simulated samples/s (not met yet: benchmarks/README.md says where the time goes).
 """
 from __future__ import annotations
 
