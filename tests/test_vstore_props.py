@@ -190,3 +190,21 @@ def test_vstore_gives_the_same_answers_as_the_sample_store(ops):
         both(back, lambda s: s.pending(t))
         both(back, lambda s: lease_view(s.get(t, 100)))
     both(back, lambda s: s.stats())
+
+
+def test_a_waiting_read_is_woken_by_a_write_from_another_thread():
+    """``get(timeout=...)`` waits on the store's condition; a write (another thread) wakes it
+    (VStore notifies only when a read waits)."""
+    import threading
+
+    s = VStore(lease_s=5.0)
+    s.register_task("t", ["x"])
+    rows = s.add_rows({"y": [1, 2]}, [0, 0])
+    writer = threading.Timer(0.05, lambda: s.write(rows, {"x": [1, 2]}))
+    writer.start()
+    try:
+        lease = s.get("t", 2, min_rows=2, timeout=60.0)
+    finally:
+        writer.join()
+    assert lease is not None and lease.rows == rows and lease.columns["x"] == [1, 2]
+    assert s.get("t", 1, timeout=0.0) is None
