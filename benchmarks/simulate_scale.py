@@ -3,6 +3,15 @@
     python benchmarks/simulate_scale.py [--devices 16,64,256,1024,4096,10000] [--steps 20]
                                         [--big-steps 5] [--per-device 2] [--slots 4]
                                         [--alpha 1] [--json PATH]
+                                        [--baseline DIR [--repeat 2]]
+
+``--baseline DIR``: before/after, side by side. Each size runs in subprocesses, once with
+``PYTHONPATH=DIR`` (another checkout of asyncflow, e.g. the commit before a change) and once
+with this checkout, alternating which goes first, ``--repeat`` times; printed per size: the
+wall seconds (build + simulate, the best of the repeats) and simulated samples/s (samples
+trained / those seconds) of each, their ratio, the CPU seconds of each (what a shared
+machine's load does not inflate), and whether both simulated the same run (the same events,
+samples and virtual time).
 
 Every pipeline is built in code (a YAML file written to a temporary directory, the shape of
 ``pipelines/sim_longtail.yaml``): N rollout devices = N replicas of ``generate`` (sim engine,
@@ -19,15 +28,16 @@ Printed per size: compile seconds, build seconds (the Simulation's workers), sim
 sample, the simulated throughput and the rollout pool's utilization. Sizes of 4,096 devices and
 more run ``--big-steps`` steps (default 5) instead of ``--steps``.
 
-Measured on the 2-core development machine (defaults): 1,024 devices x 20 steps (2,048
-samples/step) 10.4 s; with ``--per-device 4`` (4,096 samples/step) 21.7 s; 10,000 devices x 5
-steps (20,000 samples/step) 52 s. The cost per sample grows with N (165-250 us up to 1,024
-devices, 310 us at 4,096, 525 us at 10,000): the store's eligibility scan covers every live row,
-a trainer's in-order step read intersects its rows with the window on every read, and building
-a Worker finds its WorkerPlan by a linear search (3.5 s of build at 10,000).
+Measured on the 2-core development machine (defaults), with the runtime's SampleStore: 1,024
+devices x 20 steps (2,048 samples/step) 10.4 s; with ``--per-device 4`` (4,096 samples/step)
+21.7 s; 10,000 devices x 5 steps (20,000 samples/step) 52 s. The cost per sample grew with N:
+the store's eligibility scan covered every live row, and a trainer's in-order step read
+intersects its rows with the window on every read. The simulator now runs on the event-indexed
+:class:`asyncflow.simulate.vstore.VStore` (no scans); before/after figures (``--baseline``) are
+in benchmarks/README.md: 1.7-2.8x less CPU a sample at 64-1,024 devices x 16 samples each.
 
-Goal (issue "Simulate"): 1,024 rollout devices x 20 steps in under 30 s of wall time on this
-machine; and a 10,000-device run.
+Goal (issue 24): 1,024 rollout devices x 16 samples each x 20 steps in under 30 s, at least
+50,000 simulated samples/s (not met yet: benchmarks/README.md says where the time goes).
 """
 from __future__ import annotations
 
@@ -104,21 +114,74 @@ def one(n: int, steps: int, per_device: int, slots: int, alpha: int, tmp: str) -
     t = time.perf_counter()
     plan = compile_file(path)
     compile_s = time.perf_counter() - t
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     sim = Simulation(plan)
     build_s = time.perf_counter() - t
     r = sim.run()
+    cpu_s = time.process_time() - c  # build + simulate: this process's CPU (a loaded machine)
     trained = sum(r.samples)
     generated = sim.fed * plan.step.samples_per_prompt  # rows fed (some still in flight)
     return {"devices": n, "steps": len(r.step_ends), "steps_asked": steps,
             "samples_per_step": plan.step.samples_per_step, "slots": slots, "alpha": alpha,
-            "compile_s": compile_s, "build_s": build_s, "simulate_s": r.wall_s,
+            "compile_s": compile_s, "build_s": build_s, "simulate_s": r.wall_s, "cpu_s": cpu_s,
             "events": r.events, "events_per_s": r.events / r.wall_s if r.wall_s else 0.0,
             "samples": trained, "rows_fed": generated,
             "us_per_sample": 1e6 * (build_s + r.wall_s) / trained if trained else 0.0,
             "virtual_s": r.virtual_s, "samples_per_s_virtual": r.samples_per_s,
             "rollout_utilization": r.pools.get("rollout", {}).get("utilization"),
             "stalled": r.stalled}
+
+
+def _sub(pythonpath: str, n: int, steps: int, a, tmp: str) -> dict:
+    """One size in a subprocess with ``PYTHONPATH=pythonpath``: its result row."""
+    import subprocess
+
+    out = os.path.join(tmp, f"r_{n}_{abs(hash(pythonpath))}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--devices", str(n), "--steps", str(steps),
+           "--big-steps", str(steps), "--per-device", str(a.per_device), "--slots", str(a.slots),
+           "--alpha", str(a.alpha), "--json", out]
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return json.load(f)[0]
+
+
+def compare(a, sizes: list[int]) -> int:
+    """``--baseline``: before/after side by side (module docstring)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="af-scale-") as tmp:
+        for n in sizes:
+            steps = a.big_steps if n >= 4096 else a.steps
+            best = {"before": None, "after": None}
+            for i in range(a.repeat):
+                order = [("before", a.baseline), ("after", here)]
+                for name, path in (order if i % 2 == 0 else order[::-1]):
+                    r = _sub(path, n, steps, a, tmp)
+                    r["wall"] = r["build_s"] + r["simulate_s"]
+                    if best[name] is None or r["wall"] < best[name]["wall"]:
+                        best[name] = r
+            b, f = best["before"], best["after"]
+            same = all(b[k] == f[k] for k in ("events", "samples", "virtual_s", "steps"))
+            rows.append((n, steps, b, f, same))
+            print(f"  {n} devices: before {b['wall']:.2f} s, after {f['wall']:.2f} s",
+                  file=sys.stderr)
+    print(f"simulate cost, before ({a.baseline}) / after (this checkout): {a.per_device} "
+          f"samples/step per device, {a.slots} slots a replica, alpha {a.alpha}, best of "
+          f"{a.repeat}")
+    head = (f"{'devices':>7} {'steps':>5} {'samples/step':>12} {'samples':>8} "
+            f"{'before s':>9} {'after s':>8} {'before smp/s':>12} {'after smp/s':>11} "
+            f"{'speedup':>7} {'before cpu s':>12} {'after cpu s':>11} {'cpu speedup':>11} "
+            f"{'same run':>8}")
+    print(head)
+    print("-" * len(head))
+    for n, steps, b, f, same in rows:
+        print(f"{n:>7} {steps:>5} {f['samples_per_step']:>12} {f['samples']:>8} "
+              f"{b['wall']:>9.2f} {f['wall']:>8.2f} {b['samples'] / b['wall']:>12.0f} "
+              f"{f['samples'] / f['wall']:>11.0f} {b['wall'] / f['wall']:>6.2f}x "
+              f"{b['cpu_s']:>12.2f} {f['cpu_s']:>11.2f} {b['cpu_s'] / f['cpu_s']:>10.2f}x "
+              f"{'yes' if same else 'NO':>8}")
+    return 0 if all(r[4] for r in rows) else 1
 
 
 def main(argv=None) -> int:
@@ -130,8 +193,13 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=4, help="slots per rollout replica")
     ap.add_argument("--alpha", type=int, default=1, help="max_staleness")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--baseline", default=None,
+                    help="before/after: PYTHONPATH of the asyncflow to compare with")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each side (--baseline)")
     a = ap.parse_args(argv)
     sizes = [int(x) for x in a.devices.split(",")]
+    if a.baseline:
+        return compare(a, sizes)
     rows = []
     with tempfile.TemporaryDirectory(prefix="af-scale-") as tmp:
         for n in sizes:
@@ -154,6 +222,10 @@ def main(argv=None) -> int:
               f"{r['us_per_sample']:>9.1f} {r['samples_per_s_virtual']:>14.1f} "
               f"{r['rollout_utilization'] or 0:>9.3f}" + (f"  STALLED: {r['stalled']}"
                                                           if r["stalled"] else ""))
+    for r in rows:
+        wall = r["build_s"] + r["simulate_s"]
+        print(f"{r['devices']:>7} devices: {r['samples'] / wall if wall else 0:,.0f} simulated "
+              f"samples/s ({r['samples']} samples in {wall:.1f} s wall, {r['cpu_s']:.1f} s CPU)")
     for r in rows:
         if r["devices"] == 1024 and r["steps"] >= 20:
             s = r["build_s"] + r["simulate_s"]

@@ -11,8 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncflow.compiler.pipeline import compile_file
+from asyncflow.runtime.store import SampleStore
 from asyncflow.simulate import simulate
 from asyncflow.simulate.core import Simulation
+from asyncflow.simulate.vstore import VStore
 
 LONGTAIL = "pipelines/sim_longtail.yaml"
 AGENTIC = "pipelines/agentic_sim.yaml"
@@ -177,6 +179,20 @@ def test_fidelity_full_speed(name):
         if s.samples_per_s / real <= 1.1:
             break
     assert 0.9 <= s.samples_per_s / real <= 1.1, (s.samples_per_s, real)
+
+
+# -- the virtual-time store is the in-process store's rules ------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_virtual_time_store_runs_the_same_simulation_as_the_sample_store(name):
+    """The simulator's event-indexed store (asyncflow/simulate/vstore.py) and the runtime's
+    SampleStore give the very same simulated run: every step end, sample, drop and event."""
+    path, sets = CONFIGS[name]
+    runs = [sim(path, sets, steps=6, store=cls).to_dict() for cls in (VStore, SampleStore)]
+    for d in runs:
+        d.pop("wall_s"), d.pop("events_per_s")
+    assert runs[0] == runs[1]
+    assert runs[0]["steps"] == 6
 
 
 # -- targeted wake-ups skip nothing ----------------------------------------------------------------

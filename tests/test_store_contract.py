@@ -1,6 +1,9 @@
-"""The :class:`~asyncflow.runtime.store.protocol.Store` contract, one suite run against both stores.
+"""The :class:`~asyncflow.runtime.store.protocol.Store` contract, one suite run against every store.
 
-Every test takes the ``store`` fixture: an in-process :class:`SampleStore` ("local") and a
+Every test takes the ``store`` fixture: an in-process :class:`SampleStore` ("local"), the
+simulator's event-indexed :class:`~asyncflow.simulate.vstore.VStore` ("vstore": the same rules
+without the numpy scans; ``tests/test_vstore_props.py`` also drives it and a SampleStore with one
+random history) and a
 :class:`RayStore` with 2 shards and a chunk of 8 rows ("ray": a test's rows 0-7 live on shard 0,
 8-15 on shard 1, 16-23 on shard 0 again...), and uses only the protocol's methods (rules: the
 module docstring of :mod:`asyncflow.runtime.store`). A difference between the two stores found
@@ -24,6 +27,7 @@ from hypothesis import strategies as st
 
 from asyncflow.runtime.store import SampleStore, StoreError
 from asyncflow.runtime.store import Store
+from asyncflow.simulate.vstore import VStore
 
 try:
     import ray
@@ -35,7 +39,7 @@ except ImportError:  # the "ray" params skip
 CHUNK = 8  # RayStore rows per chunk: groups of 2 or 4 fill chunks exactly, so numbering is dense
 LEASE_S = 30.0
 NO_RAY = pytest.mark.skipif(ray is None, reason="ray is not importable")
-KINDS = ["local", pytest.param("ray", marks=[NO_RAY, pytest.mark.ray])]
+KINDS = ["local", "vstore", pytest.param("ray", marks=[NO_RAY, pytest.mark.ray])]
 STATS_KEYS = {"rows", "freed", "tasks", "drops", "leases_live", "leases_reissued", "rows_reissued",
               "stale_acks", "stale_writes", "leases_restored", "leases_revoked"}  # fmt: skip
 TASK_KEYS = {"consumed", "leased", "ready"}
@@ -54,6 +58,8 @@ def ray_session():
 
 
 def _new(kind: str, lease_s: float = LEASE_S):
+    if kind == "vstore":
+        return VStore(lease_s=lease_s)
     return SampleStore(lease_s=lease_s) if kind == "local" else RayStore(shards=2, lease_s=lease_s, chunk=CHUNK)
 
 
@@ -87,7 +93,7 @@ def _fresh_ray(handles) -> "RayStore":
 
 @pytest.fixture(params=KINDS)
 def store(request):
-    s = _new("local") if request.param == "local" else _fresh_ray(request.getfixturevalue("ray_shards"))
+    s = _fresh_ray(request.getfixturevalue("ray_shards")) if request.param == "ray" else _new(request.param)
     s.register_task("reward", ["response"])
     s.register_task("train", ["response", "reward"])
     return s
@@ -124,10 +130,10 @@ def test_protocol_lists_the_store_methods():
         "stats", "gc", "snapshot"])  # fmt: skip
 
 
-@pytest.mark.parametrize("cls_name", ["SampleStore", pytest.param("RayStore", marks=NO_RAY)])
+@pytest.mark.parametrize("cls_name", ["SampleStore", "VStore", pytest.param("RayStore", marks=NO_RAY)])
 @pytest.mark.parametrize("name", PROTOCOL_METHODS)
 def test_every_protocol_method_has_a_compatible_signature(cls_name, name):
-    cls = SampleStore if cls_name == "SampleStore" else RayStore
+    cls = {"SampleStore": SampleStore, "VStore": VStore}.get(cls_name, RayStore)
     impl = getattr(cls, name, None)
     assert callable(impl), f"{cls_name} has no {name}"
     want = inspect.signature(getattr(Store, name)).parameters

@@ -44,8 +44,11 @@ class KeyRandom(random.Random):
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
         return z ^ (z >> 31)
 
-    def random(self) -> float:
-        return (self._next() >> 11) * (1.0 / 9007199254740992.0)
+    def random(self) -> float:  # _next, inlined: two draws a simulated sample (gauss)
+        self._s = z = (self._s + _GOLDEN) & _M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        return ((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0)
 
     def getrandbits(self, k: int) -> int:
         out, have = 0, 0
@@ -85,7 +88,7 @@ def uniforms(key: tuple, rows, n: int):
 def row_latency(dist, row: int) -> float:
     """The draw of distribution ``dist`` for store row ``row``: depends only on (its ``seed``,
     ``row``), so a row costs the same wherever it runs (and in ``asyncflow simulate``)."""
-    return max(0.0, dist.sample(rng("latency", dist.seed, row)))
+    return max(0.0, dist.sample(KeyRandom(f"latency:{dist.seed!s}:{row!s}")))  # rng(...)'s key
 
 
 def slot_schedule(latencies: list[float], slots: int) -> list[tuple[float, int]]:

@@ -2,8 +2,11 @@
 
 What runs is the runtime's own scheduling code, on the runtime's own objects:
 
-- the sample store is :class:`asyncflow.runtime.store.SampleStore` on a virtual clock (leases,
-  acks, partial acks, drops, versions, whole-group reads);
+- the sample store has the rules of :class:`asyncflow.runtime.store.SampleStore` on a virtual
+  clock (leases, acks, partial acks, drops, versions, whole-group reads): it is
+  :class:`asyncflow.simulate.vstore.VStore`, which keeps per-task indexes of the eligible rows
+  updated on each write, lease, ack and drop instead of scanning the store's arrays (the store
+  contract suite and a property test hold it equal to SampleStore);
 - every worker is a host of the runtime's loop state, :class:`asyncflow.runtime.loops.Loop`
   (:mod:`asyncflow.simulate.workers`: its gate, windows, staleness acceptance, op handlers
   ``op_read``, ``op_write`` with gate rule 3, ``op_adopt``, ``remove_rows``, the trainer's
@@ -36,8 +39,8 @@ from dataclasses import dataclass, field
 from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Plan
 from asyncflow.runtime.driver import feed_ahead, feed_target
-from asyncflow.runtime.store import SampleStore
 from asyncflow.simulate.costs import Device, device, has_costs
+from asyncflow.simulate.vstore import VStore
 from asyncflow.simulate.workers import (BatchWorker, ServeWorker, SimControl, SimWorker,
                                         TrainWorker)
 
@@ -109,7 +112,8 @@ class SimResult:
 class Simulation:
     """Execute ``plan`` in virtual time (module docstring)."""
 
-    def __init__(self, plan: Plan, *, max_events: int = 0, exhaustive: bool = False):
+    def __init__(self, plan: Plan, *, max_events: int = 0, exhaustive: bool = False,
+                 store=None):
         self.plan = plan
         # exhaustive: after every event, every waiting worker reads again (no wake-up skipped;
         # the tests check that the targeted wake-ups give the very same run)
@@ -120,7 +124,9 @@ class Simulation:
         self.events = 0
         self.max_events = max_events
         st = plan.step
-        self.store = SampleStore(lease_s=FOREVER, clock=lambda: self.now)
+        # the virtual-time store (asyncflow/simulate/vstore.py: the in-process store's rules,
+        # event-indexed); ``store``: another Store class to run on (the tests compare them)
+        self.store = (store or VStore)(lease_s=FOREVER, clock=lambda: self.now)
         for t in plan.tasks:
             self.store.register_task(t.name, list(t.inputs))
         self.control = SimControl(self)
@@ -140,6 +146,7 @@ class Simulation:
         self.source_fields = sorted(sources) or ["prompt"]
         self.trainers = [t.name for t in plan.tasks if rules_of(t.kind).trains]
         self.done = {t: 0 for t in self.trainers}
+        self.finished = False  # every trainer did its last step (set by step_done)
         self.ahead = feed_ahead(plan)
         self.fed = 0
         self._soon: list = []
@@ -220,6 +227,7 @@ class Simulation:
 
     def step_done(self, w: TrainWorker, step: int, rows: list[int], stale: list[int]) -> None:
         self.done[w.task.name] = step + 1
+        self.finished = all(d >= self.plan.step.steps for d in self.done.values())
         rep = self._reports.setdefault(step, {})
         rep[w.task.name] = (rows, stale)
         if all(t in rep for t in self.trainers):
@@ -248,37 +256,39 @@ class Simulation:
     # -- run -------------------------------------------------------------------------------------
     def run(self) -> SimResult:
         t0 = time.perf_counter()
-        st = self.plan.step
         self.feed()
         for w in self.workers:
             self.soon(w.poke)
-        heap = self._heap
+        heap, pop = self._heap, heapq.heappop
+        exhaustive, max_events = self.exhaustive, self.max_events
+        events = 0  # self.events, kept in a local while the loop runs
         while True:
             while self._soon:
                 batch, self._soon = self._soon, []
                 self._soon_keys = set()
                 for fn, args in batch:
                     fn(*args)
-                    self.events += 1
-            if self.trainers and all(d >= st.steps for d in self.done.values()):
+                events += len(batch)
+            if self.finished:
                 break
             if not heap:
                 self.result.stalled = "nothing left to happen (no rows the gate lets start)"
                 break
-            if self.max_events and self.events > self.max_events:
-                self.result.stalled = f"more than {self.max_events} events"
+            if max_events and events > max_events:
+                self.result.stalled = f"more than {max_events} events"
                 break
-            t, _, fn, args = heapq.heappop(heap)
+            t, _, fn, args = pop(heap)
             self.now = t
             fn(*args)
-            self.events += 1
-            if self.exhaustive:
+            events += 1
+            if exhaustive:
                 for w in self.workers:
                     w.fresh, w.dry = max(w.fresh, w.need), False
                     if w.waiting:
                         self.soon(w.poke)
-            if self.events % 4096 == 0:
+            if events % 4096 == 0:
                 self.store.gc()
+        self.events = events
         self._finish(t0)
         return self.result
 
@@ -338,12 +348,13 @@ def _last_writers(plan: Plan) -> dict[str, list[str]]:
 
 
 def simulate(plan: Plan, *, steps: int | None = None, max_events: int = 0,
-             exhaustive: bool = False) -> SimResult:
+             exhaustive: bool = False, store=None) -> SimResult:
     """Execute ``plan`` in virtual time and return what it did (module docstring). ``steps``
-    overrides the plan's; ``max_events`` stops a runaway simulation (``stalled`` says so)."""
+    overrides the plan's; ``max_events`` stops a runaway simulation (``stalled`` says so);
+    ``store``: the Store class to run on (default :class:`~asyncflow.simulate.vstore.VStore`)."""
     if steps is not None:
         plan = plan.with_steps(steps)
-    return Simulation(plan, max_events=max_events, exhaustive=exhaustive).run()
+    return Simulation(plan, max_events=max_events, exhaustive=exhaustive, store=store).run()
 
 
 __all__ = ["Device", "SimResult", "Simulation", "device", "has_costs", "simulate"]
