@@ -141,10 +141,18 @@ class SimEngine:
             return []
         digits = (uniforms(("tokens", self.seed), rows, max(lengths)) * 10).astype(np.int64)
         out = []
+        seen: dict[str, tuple] = {}  # a plain-text prompt's (ids, text): a group's rows share it
         for i, (n, p) in enumerate(zip(lengths, prompts)):
             ds = digits[i, :n].tolist()
-            out.append(Text("".join(map(str, ds)), [DIGIT0 + d for d in ds], _prompt_ids(p),
-                            prompt_text=_prompt_text(p)))
+            if type(p) is str:
+                got = seen.get(p)
+                if got is None:
+                    got = seen[p] = (_prompt_ids(p), _prompt_text(p))
+                ids, text = got
+            else:
+                ids, text = _prompt_ids(p), _prompt_text(p)
+            out.append(Text("".join(map(str, ds)), [DIGIT0 + d for d in ds], ids,
+                            prompt_text=text))
         return out
 
     def _per_tokens(self, rows: list[int], name: str, lengths: list[int]) -> list[list[float]]:
