@@ -320,14 +320,20 @@ class SimEngine:
         return {"loss": round(1.0 / (1.0 + 0.05 * v) + noise, 6), "samples": n, "version": v}
 
     def train_stream(self, micro_batches) -> dict[str, float]:
-        """``stream: true``: one step over micro-batches that arrive one by one, each sleeping
-        ``seconds_per_sample * its rows`` as it comes (the device works while the next is read);
-        then as :meth:`train_step`."""
+        """``stream: true``: one step over micro-batches that arrive one by one, each taking
+        ``seconds_per_sample * its rows`` of device time, and the device works while the next is
+        read: a micro-batch starts when it has come and the one before is done (one queued, as
+        an accelerator's stream: the loop waits only for the device to take it); the step ends
+        when the last is done. Then as :meth:`train_step`."""
         n = 0
-        for batch in micro_batches:
+        done = time.monotonic()  # when the device is done with what it was given
+        for batch in micro_batches:  # reads the next micro-batch (the device works meanwhile)
             k = _n_rows(batch)
-            self.sleep(self.seconds_per_sample * k / self.devices)
+            start = max(time.monotonic(), done)
+            self._sleep_until(start)  # the one before is still on the device
+            done = start + self.seconds_per_sample * k / self.devices * self.time_scale
             n += k
+        self._sleep_until(done)
         with self._lock:
             self.version += 1
             self.steps += 1
