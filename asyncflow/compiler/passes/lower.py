@@ -14,11 +14,11 @@ WRITE lowering). Two separate functions build it:
      of a rollout, else ``args.batch_size``, else a whole step: an engine costs nearly the same
      on 64 rows as on 256); ``group`` -- the same in whole groups; a train task -- fixed-size
      reads of ``read_rows`` (its micro-batch, a whole number of groups) repeated until the step's
-     rows are leased, in step order (``step`` when rule 1 makes it a barrier), the
-     micro-batches that are ready in one store read, up to ``per_read`` of them (about
-     ``TRAIN_READ_ROWS`` = 1,024 rows: a step of 1,024 micro-batches of 16 is 16 round trips,
-     not 1,024, and a streaming trainer starts on the first rows of a step without waiting for
-     all of them); ``step`` -- one whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
+     rows are leased, in step order (``step`` when rule 1 makes it a barrier), every
+     micro-batch that is ready in one store read (``per_read``: the step's micro-batches, so
+     a step of 1,024 micro-batches of 16 is a few round trips, not 1,024; measured on Ray at
+     micro-batches of 16 and 1,024, a cap of 1,024 rows a read was slower, its round trips
+     costing more than the wait for a first micro-batch); ``step`` -- one whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
      per lease (its whole batch: one store call fills every free slot); a train READ holds
      its lease for the whole step (``lease_s``);
   2. COMPUTE and WRITE follow the READ (outputs stream as soon as they exist), except a train
@@ -88,11 +88,6 @@ from asyncflow.plan import (Bundle, ChannelPlan, ModelPlan, Op, Plan, PoolPlan, 
 
 SERVE_CHUNK = 16  # the fewest rows one pull of a continuous-batching rollout may lease
 TRAIN_LEASE_S = 3600.0  # a trainer holds its leases until the whole step is trained
-# the rows one store read of a micro-batch READ may take (as micro-batches): a store round
-# trip costs about what 1,024 rows do, and a streaming trainer's first micro-batch waits for
-# the whole read (benchmarks/runtime.py: a read of a whole 16,384-row step as 1,024 leases kept
-# the trainer idle 0.3-0.5 s a step)
-TRAIN_READ_ROWS = 1024
 
 
 def plain(v):
@@ -147,8 +142,8 @@ def read_fields(graph: Graph, task: str, grans: list[tuple[str, int]]) -> dict:
         gran = "step" if gran == "step" or rows >= sps else "micro_batch"
         out = {"granularity": gran, "rows": rows, "unit": rows, "min_rows": rows,
                "repeat": math.ceil(sps / rows), "lease_s": TRAIN_LEASE_S}
-        if gran == "micro_batch":  # one store read takes the ready micro-batches, up to
-            out["per_read"] = min(out["repeat"], max(1, TRAIN_READ_ROWS // rows))  # ~1,024 rows
+        if gran == "micro_batch":  # one store read takes every micro-batch that is ready
+            out["per_read"] = out["repeat"]
         return out
     if gran in ("step", "micro_batch"):
         return {"granularity": "step", "rows": sps, "unit": sps, "min_rows": sps, "repeat": 1}
