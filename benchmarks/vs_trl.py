@@ -106,22 +106,67 @@ def _busy_cpu_s() -> float | None:
     return (sum(vals[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _tree_cpu_s(root: int, seen: dict[int, float]) -> None:
+    """Record in ``seen`` (pid -> CPU s) the user + system time of ``root`` and every process
+    under it now (``/proc``): a Ray run's workers are the raylet's children, its own child."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    stat: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile: its last reading stays in seen
+            continue
+        parent[int(d)] = int(fields[1])
+        stat[int(d)] = (int(fields[11]) + int(fields[12])) / tick
+    mine, frontier = {root}, [root]
+    while frontier:
+        p = frontier.pop()
+        for c, pp in parent.items():
+            if pp == p and c not in mine:
+                mine.add(c)
+                frontier.append(c)
+    for pid in mine:
+        if pid in stat:
+            seen[pid] = max(seen.get(pid, 0.0), stat[pid])
+
+
 def _run_child(cmd, env=None):
-    """(CompletedProcess, wall s, CPU s used while it ran). The CPU is the machine's busy time
-    (``/proc/stat``), not the child's rusage: a Ray run's worker processes are children of the
-    raylet, which a child's rusage never counts; on a quiet machine the rest is noise. Without
-    ``/proc/stat``, the child's own rusage (its children included)."""
+    """(CompletedProcess, wall s, CPU s used while it ran, CPU s of its own processes). The
+    first CPU figure is the machine's busy time (``/proc/stat``), not the child's rusage: a Ray
+    run's worker processes are children of the raylet, which a child's rusage never counts; on a
+    quiet machine the rest is noise. Without ``/proc/stat``, the child's own rusage (its children
+    included). The second sums the CPU time of the child and every process under it, read from
+    ``/proc`` every 0.2 s (a process's last reading counts: at most 0.2 s of each is missed),
+    so other work on a shared machine does not count; None without ``/proc``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0 = _busy_cpu_s()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    seen: dict[int, float] = {}
+    tree = os.path.isdir("/proc/self")
+    out, err = "", ""
+    while True:
+        if tree:
+            _tree_cpu_s(child.pid, seen)
+        try:
+            out, err = child.communicate(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
     wall = time.perf_counter() - t0
     busy1 = _busy_cpu_s()
-    if busy0 is not None and busy1 is not None:
-        return proc, wall, busy1 - busy0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return proc, wall, cpu
+    own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    tree_s = max(sum(seen.values()), own) if tree else None
+    if busy0 is not None and busy1 is not None:
+        return proc, wall, busy1 - busy0, tree_s
+    return proc, wall, own, tree_s
 
 
 def run_asyncflow(a, work: str) -> dict:
@@ -144,7 +189,7 @@ def run_asyncflow(a, work: str) -> dict:
     for s in sets:
         cmd += ["--set", s]
     print(f"[asyncflow] {' '.join(cmd[3:])}", flush=True)
-    proc, wall, cpu = _run_child(cmd)
+    proc, wall, cpu, tree = _run_child(cmd)
     path = os.path.join(out_dir, "metrics.jsonl")
     if proc.returncode != 0 or not os.path.exists(path):
         return {"error": f"asyncflow run exited {proc.returncode}: "
@@ -153,7 +198,7 @@ def run_asyncflow(a, work: str) -> dict:
         rows = [json.loads(line) for line in f if line.strip()]
     steps = [{"step_time": float(r["step_time"]), "samples": int(r["samples"]),
               "reward_mean": float(r["reward_mean"])} for r in rows]
-    return {"steps": steps, "wall_s": wall, "cpu_s": cpu}
+    return {"steps": steps, "wall_s": wall, "cpu_s": cpu, "tree_cpu_s": tree}
 
 
 # ---------------------------------------------------------------------------- TRL
@@ -273,7 +318,7 @@ def run_trl(a, work: str) -> dict:
           "completions", flush=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc, wall, cpu = _run_child(cmd, env)
+    proc, wall, cpu, tree = _run_child(cmd, env)
     steps = []
     if os.path.exists(out_path):
         with open(out_path) as f:
@@ -281,7 +326,7 @@ def run_trl(a, work: str) -> dict:
     if proc.returncode != 0 or len(steps) < a.steps:
         return {"error": f"TRL run exited {proc.returncode} after {len(steps)} steps: "
                          f"{(proc.stderr or proc.stdout).strip()[-2000:]}"}
-    return {"steps": steps, "wall_s": wall, "cpu_s": cpu}
+    return {"steps": steps, "wall_s": wall, "cpu_s": cpu, "tree_cpu_s": tree}
 
 
 # ---------------------------------------------------------------------------- report
@@ -292,6 +337,7 @@ def summarise(res: dict, a) -> dict:
         return res
     steps = res["steps"]
     ttt, at_step = time_to_threshold(steps, a.threshold, a.window)
+    samples = sum(s.get("samples") or a.prompts_per_step * SAMPLES_PER_PROMPT for s in steps)
     tail = steps[-a.window:]
     return {**res, "samples_per_s": steady_samples_per_s(steps),
             "median_samples_per_s": median_samples_per_s(steps),
@@ -299,7 +345,10 @@ def summarise(res: dict, a) -> dict:
                        if len(steps) > 1 else None),
             "time_to_threshold_s": ttt, "threshold_step": at_step,
             "final_reward": sum(s["reward_mean"] for s in tail) / len(tail),
-            "train_s": sum(s["step_time"] for s in steps)}
+            "train_s": sum(s["step_time"] for s in steps),
+            # CPU s per 1,000 samples: the run's own processes (whole run, startup included)
+            "cpu_per_1k": (res["tree_cpu_s"] / samples * 1000
+                           if res.get("tree_cpu_s") is not None and samples else None)}
 
 
 def _f(x, spec=".1f"):
@@ -351,6 +400,8 @@ def print_table(af: dict | None, trl: dict | None, a) -> None:
          ratio("wall_s", invert=True)),
         ("machine CPU time while it ran (s)", cell(af, "cpu_s"), cell(trl, "cpu_s"),
          ratio("cpu_s", invert=True)),
+        ("CPU s per 1,000 samples (own processes)", cell(af, "cpu_per_1k", ".2f"),
+         cell(trl, "cpu_per_1k", ".2f"), ratio("cpu_per_1k", invert=True)),
     ]
     heads = ("metric", "asyncflow", "TRL", "asyncflow/TRL")
     widths = [max(len(str(r[i])) for r in rows + [heads]) for i in range(4)]

@@ -141,10 +141,18 @@ class SimEngine:
             return []
         digits = (uniforms(("tokens", self.seed), rows, max(lengths)) * 10).astype(np.int64)
         out = []
+        seen: dict[str, tuple] = {}  # a plain-text prompt's (ids, text): a group's rows share it
         for i, (n, p) in enumerate(zip(lengths, prompts)):
             ds = digits[i, :n].tolist()
-            out.append(Text("".join(map(str, ds)), [DIGIT0 + d for d in ds], _prompt_ids(p),
-                            prompt_text=_prompt_text(p)))
+            if type(p) is str:
+                got = seen.get(p)
+                if got is None:
+                    got = seen[p] = (_prompt_ids(p), _prompt_text(p))
+                ids, text = got
+            else:
+                ids, text = _prompt_ids(p), _prompt_text(p)
+            out.append(Text("".join(map(str, ds)), [DIGIT0 + d for d in ds], ids,
+                            prompt_text=text))
         return out
 
     def _per_tokens(self, rows: list[int], name: str, lengths: list[int]) -> list[list[float]]:
@@ -312,14 +320,20 @@ class SimEngine:
         return {"loss": round(1.0 / (1.0 + 0.05 * v) + noise, 6), "samples": n, "version": v}
 
     def train_stream(self, micro_batches) -> dict[str, float]:
-        """``stream: true``: one step over micro-batches that arrive one by one, each sleeping
-        ``seconds_per_sample * its rows`` as it comes (the device works while the next is read);
-        then as :meth:`train_step`."""
+        """``stream: true``: one step over micro-batches that arrive one by one, each taking
+        ``seconds_per_sample * its rows`` of device time, and the device works while the next is
+        read: a micro-batch starts when it has come and the one before is done (one queued, as
+        an accelerator's stream: the loop waits only for the device to take it); the step ends
+        when the last is done. Then as :meth:`train_step`."""
         n = 0
-        for batch in micro_batches:
+        done = time.monotonic()  # when the device is done with what it was given
+        for batch in micro_batches:  # reads the next micro-batch (the device works meanwhile)
             k = _n_rows(batch)
-            self.sleep(self.seconds_per_sample * k / self.devices)
+            start = max(time.monotonic(), done)
+            self._sleep_until(start)  # the one before is still on the device
+            done = start + self.seconds_per_sample * k / self.devices * self.time_scale
             n += k
+        self._sleep_until(done)
         with self._lock:
             self.version += 1
             self.steps += 1

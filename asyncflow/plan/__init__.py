@@ -157,6 +157,9 @@ class Op:
     unit: int = 1  # READ: rows come in whole units of this many (a group: samples_per_prompt)
     min_rows: int = 1  # READ: the fewest rows it waits for (fewer only when a step has drops)
     chunk: int = 0  # READ of a continuous-batching loop: the most rows one pull leases
+    # READ ``micro_batch``: the most micro-batches (leases of ``rows`` rows) one store read may
+    # take -- every ready one in a round trip, not a round trip each (lower rule 1); 0: one
+    per_read: int = 0
     lease_s: float = 0.0  # READ: seconds before an unacked lease is re-issued (0: the run's)
     # READ of replica k of a data-parallel trainer's n replicas: [k, n], its share of every
     # step -- the step's groups g with g % n == k (lower rule 8); []: the whole step

@@ -174,8 +174,10 @@ class StepReads:
                     left = len(live) - len(have.intersection(live))
                     if not left:
                         break
-                    # the rest of the window in one store call, as micro-batches of op.rows
-                    want, least, split = left, min(op.rows, left), op.rows
+                    # the rest of the window as micro-batches of op.rows, as many in one
+                    # store call as the plan lets a read take (op.per_read)
+                    want = min(left, op.rows * max(1, op.per_read))
+                    least, split = min(op.rows, left), op.rows
                 if self.sync():
                     raise Stop()
                 got_ = self.lease_step(

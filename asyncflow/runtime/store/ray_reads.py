@@ -104,9 +104,9 @@ class ShardedReads:
         kw = {"max_row": max_row, "min_version": min_version, "filter_fn": filter_fn,
               "fields": fields, "lease_s": lease_s, "owner": owner}
         if len(self._shards) == 1:
-            parts = self._get(self._shards[0].get_split.remote(
+            got = self._get(self._shards[0].get_split.remote(
                 task, n, split, {**kw, "min_rows": min_rows, "timeout": timeout}), timeout)
-            return [self._assemble(task, {0: p}, lease_s) for p in parts]
+            return [] if got is None else self._assemble_split(task, got, lease_s)
         out: list[Lease] = []
         while sum(len(x.rows) for x in out) < n:
             left = n - sum(len(x.rows) for x in out)
@@ -192,9 +192,39 @@ class ShardedReads:
                 self._cache.popitem(last=False)
         return out
 
+    def _assemble_split(self, task: str, got: tuple, lease_s) -> list[Lease]:
+        """One shard's :meth:`Shard.get_split` answer as its leases: the columns of all of them
+        assembled at once (one fetch, one gather per field), then cut lease by lease."""
+        ids, sizes, *part = got
+        deadline = time.monotonic() + (self.lease_s if lease_s is None else lease_s)
+        rows, cols = self._columns({0: (0, *part)})
+        if len(self._issued) + len(ids) > 10000:
+            self._issued.clear()
+        out, a = [], 0
+        for lid, k in zip(ids, sizes):
+            if len(ids) == 1:
+                lrows, lcols = rows, cols
+            else:
+                lrows = rows[a:a + k]  # a list, numpy or Ragged column slices as a view
+                lcols = {f: v[a:a + k] for f, v in cols.items()}
+            a += k
+            lid = pack({0: lid})
+            self._issued[lid] = lrows
+            out.append(Lease(lid, task, lrows, lcols, deadline))
+        return out
+
     def _assemble(self, task: str, parts: dict[int, tuple], lease_s) -> Lease:
         lid = pack({s: p[0] for s, p in parts.items()})
         deadline = time.monotonic() + (self.lease_s if lease_s is None else lease_s)
+        rows, cols = self._columns(parts)
+        if len(self._issued) > 10000:
+            self._issued.clear()
+        self._issued[lid] = rows
+        return Lease(lid, task, rows, cols, deadline)
+
+    def _columns(self, parts: dict[int, tuple]) -> tuple[list[int], dict[str, Any]]:
+        """The rows and columns of the shards' parts of one read, in row order: the chunks
+        they reference fetched at once, each field gathered from them."""
         plist = list(parts.items())
         # every chunk referenced, numbered 0..; refs fetched at once
         objs, index = [], {}
@@ -235,10 +265,7 @@ class ShardedReads:
                 key, off = key[order], off[order]
             cols[f] = self._gather(objs, f, key, off)
         cols.update(book)
-        if len(self._issued) > 10000:
-            self._issued.clear()
-        self._issued[lid] = rows
-        return Lease(lid, task, rows, cols, deadline)
+        return rows, cols
 
     @staticmethod
     def _gather(objs: list, f: str, key: np.ndarray, off: np.ndarray):

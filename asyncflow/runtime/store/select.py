@@ -205,11 +205,15 @@ class Reads:
             if got is None:
                 return []
             pos, now = got
-            return [self._lease_locked(t, pos[i:i + split], fields, now, lease_s, owner)
+            # the columns of every lease at once, then cut (not gathered lease by lease)
+            cols = self._columns(pos, t.inputs if fields is None else fields)
+            return [self._lease_locked(t, pos[i:i + split], fields, now, lease_s, owner,
+                                       {f: v[i:i + split] for f, v in cols.items()})
                     for i in range(0, len(pos), split)]
 
     def _lease_locked(self, t: TaskMarks, pos: np.ndarray, fields, now: float, lease_s,
-                      owner: str | None = None) -> Lease:
+                      owner: str | None = None, cols: dict | None = None) -> Lease:
+        """A lease of positions ``pos`` (their columns ``cols`` when the caller has them)."""
         lid = self._next_lease
         self._next_lease += 1
         deadline = now + (self.lease_s if lease_s is None else lease_s)
@@ -218,7 +222,8 @@ class Reads:
         rows = self._row[pos].tolist()
         self._leases[lid] = LeaseRecord(lid, t, pos, rows, deadline, owner)
         heapq.heappush(self._heap, (deadline, lid))
-        cols = self._columns(pos, t.inputs if fields is None else fields)
+        if cols is None:
+            cols = self._columns(pos, t.inputs if fields is None else fields)
         return Lease(lid, t.name, rows, cols, deadline)
 
     def peek(

@@ -15,7 +15,7 @@ import ray
 
 from asyncflow.runtime.options import DEFAULT_CALL_TIMEOUT_S
 from asyncflow.runtime.store.codec import col_take, nbytes, plain, unpack_cols
-from asyncflow.runtime.store.common import StoreError
+from asyncflow.runtime.store.common import Lease, StoreError
 from asyncflow.runtime.store.local import SampleStore
 from asyncflow.runtime.store.remote import DONE, INLINE, POLL_S, bounded_get
 
@@ -201,6 +201,11 @@ class Shard:
             return st.ack(lease_id)
         return self._stored(columns, rows, lambda cols: st.ack(lease_id, cols))
 
+    def ack_each(self, parts: list) -> list:
+        """:meth:`ack` (no columns) of many lease parts, ``[(lease id, first), ...]``, in one
+        call (the handle's ``ack_many``): one answer each, in order."""
+        return [self.ack(lid, None, first) for lid, first in parts]
+
     def ack_rows(self, lease_id: int, rows: list[int], columns: dict | None = None,
                  first: bool = True) -> bool | None:
         go = self._ended(lease_id, first)
@@ -244,8 +249,20 @@ class Shard:
         return None if lease is None else self._part(lease)
 
     def get_split(self, task, n, split, kw):
-        """:meth:`SampleStore.get_split` on this shard: a list of :meth:`get`'s parts."""
-        return [self._part(lease) for lease in self.store.get_split(task, n, split, **kw)]
+        """:meth:`SampleStore.get_split` on this shard as one part over all its leases:
+        ``(ids, sizes, rows, bookkeeping, locators, chunks)`` -- lease ``ids[i]`` is the next
+        ``sizes[i]`` rows -- so the handle assembles the columns once, not once a lease; None
+        when nothing was leased."""
+        leases = self.store.get_split(task, n, split, **kw)
+        if not leases:
+            return None
+        ids = [lease.id for lease in leases]
+        sizes = [len(lease.rows) for lease in leases]
+        if len(leases) == 1:
+            return (ids, sizes, *self._part(leases[0])[1:])
+        cols = {f: [x for lease in leases for x in lease.columns[f]] for f in leases[0].columns}
+        rows = [r for lease in leases for r in lease.rows]
+        return (ids, sizes, *self._part(Lease(0, task, rows, cols, 0.0))[1:])
 
     def _part(self, lease):
         book, locs, cids = {}, {}, set()
