@@ -3,10 +3,12 @@
 Each is a :class:`~asyncflow.runtime.loops.state.Loop` built from its WorkerPlan, so the gate,
 the windows, the staleness acceptance, the op handlers (``op_read``, ``op_write`` with gate rule
 3, ``op_adopt``), :meth:`~asyncflow.runtime.loops.step_reads.StepReads.step_reads`, the
-cancelling of hopeless samples and the settling of a lease in flight
-(:class:`~asyncflow.runtime.loops.serve.ServeLoop`), the micro-batch split and the publish rule
-are the runtime's own. What a worker here does instead of blocking: a read that finds nothing
-waits for the store (or the weights) to change, and device time is an event in the future
+micro-batch split and the publish rule are the runtime's own, and so is the control flow of
+every loop: the ``batches`` and ``train`` flows (:mod:`asyncflow.runtime.loops.flow`, resumed
+from events) and the ``serve`` loop's ``pull``/``emit`` callbacks
+(:class:`~asyncflow.runtime.loops.serve.ServeLoop`, called by :class:`ServeWorker`, a simulated
+engine). What a worker here does instead of blocking: a read that finds nothing waits for the
+store (or the weights) to change, and device time is an event in the future
 (:mod:`asyncflow.simulate.core`).
 """
 from __future__ import annotations

@@ -76,10 +76,6 @@ class Serving:
         lanes[i] = 1
         return i
 
-    def holds(self, row: int) -> bool:
-        """Whether ``row`` is in flight (neither emitted nor cancelled)."""
-        return row in self.row_lease
-
 
 class ServeLoop:
     """The serve loop's callbacks and rules; the state is the
