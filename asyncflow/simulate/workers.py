@@ -301,7 +301,7 @@ class ServeWorker(_Writes, SimWorker):
         else:
             self._missed(1)
 
-    def to_fields(self, out: dict, rows) -> dict:
+    def served_fields(self, v, rows: list[int]) -> dict:
         """The engine's outputs: placeholders (nothing is generated here)."""
         return {f: [0] * len(rows) for f in self.task.outputs}
 

@@ -10,8 +10,9 @@ two callbacks, written once for every host.
   the ops up to the READ, a lease of at most ``chunk`` rows at a time, until the free slots --
   and those the cancels freed -- are filled or a READ finds nothing.
 - :meth:`ServeLoop.serve_emit` (``emit(row)``): a finished sample is noted; the finished
-  samples of a lease are written (the ops after COMPUTE: its WRITE) every ``flush_s`` seconds,
-  and a lease whose rows are all done or cancelled ends (:meth:`ServeLoop.settle_lease`).
+  samples of a lease are written (the ops after COMPUTE: its WRITE) by the first pull
+  ``flush_s`` seconds after the last write (``flush_s`` 0: as each finishes), and a lease whose
+  rows are all done or cancelled is written and ends at once (:meth:`ServeLoop.settle_lease`).
 
 The host says what differs between real and virtual time through the hooks below (defaults:
 the real host's): :meth:`~asyncflow.runtime.loops.state.Loop.clock`,
@@ -147,7 +148,8 @@ class ServeLoop:
         self.rec.occupancy(min(1.0, self.in_flight / s.slots))
         cols = batches[0] if len(batches) == 1 else {
             k: [x for b in batches for x in b[k]] for k in batches[0]}
-        return {**cols, **extra}
+        cols.update(extra)  # (a new dict: to_roles makes one)
+        return cols
 
     def lease_slots(self, n: int, pre: list[Op], read: Op):
         """A pull's leases for ``n`` free slots, at most ``read.chunk`` rows each: the ops up to
@@ -189,7 +191,9 @@ class ServeLoop:
         self.rec.occupancy(min(1.0, self.in_flight / s.slots))
         if v.complete:
             s.ended.append(lid)
-        self.flush_served()
+            self.flush_served()
+        elif not s.flush_s:  # flush_s 0: each sample is written as it finishes
+            self.flush_served()
 
     def cancel_served(self) -> list[int]:
         """In-flight rows removed from the store since the last pull (and, with first_ready,
@@ -197,7 +201,8 @@ class ServeLoop:
         their leases written or ended; returns them (the engine's ``_cancel``)."""
         s = self.serving
         leases, row_lease = s.leases, s.row_lease
-        self.cancel_hopeless((r, leases[lid].version) for r, lid in row_lease.items())
+        if self.hopeless:
+            self.cancel_hopeless((r, leases[lid].version) for r, lid in row_lease.items())
         out = []
         for r in self.cancel_queue:
             lid = row_lease.pop(int(r), None)
@@ -217,21 +222,21 @@ class ServeLoop:
             self.flush_served()
         return out
 
-    def flush_served(self, force: bool = False) -> None:
+    def flush_served(self) -> None:
         """Write finished samples: a lease's new ones every ``flush_s`` (one ack of those rows;
         the rest stay leased), and end a lease whose rows are all done or cancelled, at once.
         Only the leases that changed are visited (thousands may be in flight); those that
         ended first, in the order they ended."""
         s = self.serving
         now = self.clock()
-        if force or now - s.last_flush >= s.flush_s:
+        if now - s.last_flush >= s.flush_s:
             s.last_flush = now
             todo = list(dict.fromkeys(s.ended + list(s.dirty))) if s.ended else list(s.dirty)
             s.dirty.clear()
         else:
-            todo = [lid for lid in s.ended if lid in s.dirty]
+            todo = list(s.ended)
             for lid in todo:
-                del s.dirty[lid]
+                s.dirty.pop(lid, None)
         s.ended.clear()
         for lid in todo:
             v = s.leases[lid]
@@ -251,8 +256,7 @@ class ServeLoop:
     def write_served(self, v: InFlight, rows: list[int], post: list[Op]) -> None:
         """Run the ops after COMPUTE (its WRITE) on finished ``rows`` of lease ``v`` (acked as
         some of the lease's rows: the lease ends with its last)."""
-        cols = self.to_fields({r: [v.done[x].get(r) for x in rows]
-                               for _, r in self.roles_out}, rows)
+        cols = self.served_fields(v, rows)
         versions = [v.done[r].get("_version", v.version) for r in rows]
         self.check()
         it = {"lease": v.lease, "rows": rows, "out": cols, "versions": versions,
@@ -262,6 +266,12 @@ class ServeLoop:
             if not self.ops[op.kind](op, it):
                 break
         self.enter("COMPUTE")
+
+    def served_fields(self, v: InFlight, rows: list[int]) -> dict:
+        """The task's output fields of finished ``rows`` of lease ``v``, from the engine's
+        emitted rows (keyed by role), checked."""
+        return self.to_fields({r: [v.done[x].get(r) for x in rows] for _, r in self.roles_out},
+                              rows)
 
     # ------------------------------------------------------------------ its rules
     def cancel_hopeless(self, flight) -> None:
