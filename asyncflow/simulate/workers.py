@@ -322,7 +322,7 @@ class ServeWorker(_Writes, SimWorker):
         cancels leave the engine, ``on_update: abort`` restarts the rest, the new rows start."""
         if self.stopped or self.sim.now < self._blocked_until:
             return
-        if self.cancel_queue:  # rows may leave the engine at this instant
+        if self.cancel_queue:  # the slot-seconds so far, before this pull's cancels
             self.occupy()
         got = self.serve_pull(self.slots - len(self.flight))
         gone = got.get("_cancel")
@@ -347,7 +347,8 @@ class ServeWorker(_Writes, SimWorker):
         self.sim.at(finish, self._finish, r, self._seq)
 
     def _abort(self) -> None:
-        """``on_update: abort``: the samples in flight start again with the new version."""
+        """``on_update: abort``: the samples in flight (once the pull's cancels have left)
+        start again with the new version, after the weight update."""
         if not self.flight:
             return
         self.occupy()

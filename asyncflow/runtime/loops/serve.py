@@ -126,7 +126,10 @@ class ServeLoop:
         self.flush_served()
         gone = self.cancel_served()
         extra = {"_cancel": gone} if gone else {}
-        self.op_adopt(s.read, {"pull": n})
+        if self.newer:  # newer weights offered: the ADOPT op (on_update says whether now)
+            self.enter("ADOPT")
+            self.op_adopt(s.read, {"pull": n})
+            self.enter("COMPUTE")
         if self.updating_weights():
             return extra
         n += len(gone)  # the slots this pull's cancels free
