@@ -140,7 +140,8 @@ class Trainer(Protocol):
 #   ``pull`` is called at least every few milliseconds even when no slot is free (then with
 #   ``k = 0``). The batch it returns may carry ``"_cancel"``: in-flight rows dropped elsewhere
 #   (a redundant group the step did not need, a sample grown too stale); they leave their slots
-#   at once and are never emitted (count them in ``self.cancelled``).
+#   at once, before the batch's new rows take theirs (so it has up to ``k`` new rows plus one
+#   for each row it cancels), and are never emitted (count them in ``self.cancelled``).
 #   ``update_weights(weights, version)`` may be called from inside ``pull`` while samples are in
 #   flight; ``spec.extra["on_update"]`` says what happens to them: ``"continue"`` (keep their
 #   tokens and KV cache, go on with the new weights; ``_version`` stays the oldest), ``"abort"``

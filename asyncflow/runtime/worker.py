@@ -23,7 +23,8 @@ loop        body
             WRITE; a ``step`` READ takes step r, r + R, ... (replica r of R)
 ``serve``   a rollout engine with ``serve(pull, emit)`` (continuous batching across steps; an
             engine without it runs ``batches``): ``pull`` runs WAIT, ADOPT and a READ of at most
-            ``chunk`` rows, the engine computes, a lease whose rows are all done runs the WRITEs
+            ``chunk`` rows, the engine computes, finished rows are written (WRITE) by a pull
+            every ``flush_s`` (:mod:`asyncflow.runtime.loops.serve`, the simulator's too)
 ``train``   once per step n: READ micro-batches of step n's rows until all of them (but the
             dropped) are leased, staleness-checked (gate rule 4); COMPUTE one ``train_step`` on
             the whole step in row order; PUBLISH version n + 1; then ack, checkpoint, report

@@ -3,10 +3,12 @@
 Each is a :class:`~asyncflow.runtime.loops.state.Loop` built from its WorkerPlan, so the gate,
 the windows, the staleness acceptance, the op handlers (``op_read``, ``op_write`` with gate rule
 3, ``op_adopt``), :meth:`~asyncflow.runtime.loops.step_reads.StepReads.step_reads`, the
-cancelling of hopeless samples and the settling of a lease in flight
-(:class:`~asyncflow.runtime.loops.serve.ServeLoop`), the micro-batch split and the publish rule
-are the runtime's own. What a worker here does instead of blocking: a read that finds nothing
-waits for the store (or the weights) to change, and device time is an event in the future
+micro-batch split and the publish rule are the runtime's own, and so is the control flow of
+every loop: the ``batches`` and ``train`` flows (:mod:`asyncflow.runtime.loops.flow`, resumed
+from events) and the ``serve`` loop's ``pull``/``emit`` callbacks
+(:class:`~asyncflow.runtime.loops.serve.ServeLoop`, called by :class:`ServeWorker`, a simulated
+engine). What a worker here does instead of blocking: a read that finds nothing waits for the
+store (or the weights) to change, and device time is an event in the future
 (:mod:`asyncflow.simulate.core`).
 """
 from __future__ import annotations
@@ -24,6 +26,9 @@ class _NoRecorder:
     """Spans are not recorded (the simulator keeps its own timeline)."""
 
     def span(self, *a, **k) -> None:
+        pass
+
+    def occupancy(self, *a, **k) -> None:
         pass
 
 
@@ -147,9 +152,16 @@ class SimWorker(Loop):
             except (StopIteration, Stop):  # past the last step
                 self.stopped = True
                 return
-            reply = self.perform(req)
+            reply = self.nothing_yet() if req.kind == "NOTHING" else self.perform(req)
             if reply is _SUSPEND:
                 return
+
+    def nothing_yet(self):
+        """NOTHING: a step READ found nothing yet (its ``need`` is set): wait for a poke, which
+        resumes the flow with nothing sent back."""
+        self.waiting = True
+        self._reply = None
+        return _SUSPEND
 
     def _device_call(self, dt: float, *args) -> object:
         """A device call of ``dt`` seconds; the flow resumes when it ends."""
@@ -170,7 +182,29 @@ class _StepReader:
         return leases
 
 
-class BatchWorker(_StepReader, SimWorker):
+class _Writes:
+    """A WRITE tells the simulation (mixed into batch and serve workers): the rows written wake
+    their readers, rows given back (gate rule 3) wake this task's."""
+
+    def op_write(self, op, it: dict) -> bool:
+        """WRITE, then tell the simulation (a step READ's several leases: ack each)."""
+        rows = it.get("rows") or []
+        if not rows:
+            return True
+        if it.get("lease") is None:
+            for lease in it.get("leases") or []:
+                cols = {f: [0] * len(lease.rows) for f in self.task.outputs}
+                self.ack(lease.id, cols)
+            self.sim.wrote(self.task.name, rows)
+            return True
+        if super().op_write(op, it):
+            self.sim.wrote(self.task.name, rows)
+            return True
+        self.sim.released(self.task.name)
+        return False
+
+
+class BatchWorker(_Writes, _StepReader, SimWorker):
     """The ``batches`` loop (:meth:`Loop.flow_batches`, the runtime's own control flow) driven
     by events: a READ that finds nothing, new weights being taken up and a device call suspend
     it until a poke (or the call's end) resumes it."""
@@ -211,10 +245,6 @@ class BatchWorker(_StepReader, SimWorker):
                 return _SUSPEND
             self._drained(op.rows, len(it["rows"]))
             return True
-        if kind == "NOTHING":
-            self.waiting = True
-            self._reply = None
-            return _SUSPEND
         if kind == "COMPUTE":
             self.waiting = False
             rows = it.get("rows") or []
@@ -232,132 +262,113 @@ class BatchWorker(_StepReader, SimWorker):
                 it["step"] = self.gate.step_of(rows[0])
         self.resume(True)
 
-    def op_write(self, op, it: dict) -> bool:
-        """WRITE, then tell the simulation (a step READ's several leases: ack each)."""
-        rows = it.get("rows") or []
-        if not rows:
-            return True
-        if it.get("lease") is None:
-            for lease in it.get("leases") or []:
-                cols = {f: [0] * len(lease.rows) for f in self.task.outputs}
-                self.ack(lease.id, cols)
-            self.sim.wrote(self.task.name, rows)
-            return True
-        if super().op_write(op, it):
-            self.sim.wrote(self.task.name, rows)
-            return True
-        self.sim.released(self.task.name)
-        return False
 
-
-class ServeWorker(SimWorker):
-    """The ``serve`` loop (``schedule: queue``): ``slots`` samples in flight, a freed slot takes
-    the next row at once, each sample written as it finishes; removed rows are cancelled in
-    flight; new weights are adopted between requests by the ADOPT op (``on_update``)."""
+class ServeWorker(_Writes, SimWorker):
+    """The ``serve`` loop (``schedule: queue``) in virtual time: a simulated engine around the
+    runtime's own loop (:class:`~asyncflow.runtime.loops.serve.ServeLoop`). The engine keeps
+    ``slots`` samples in flight, each finishing ``latency_of(row)`` seconds after it starts (an
+    event); it calls the loop's ``pull`` with its free slots whenever something it may be
+    waiting for changed (a poke) and ``emit`` as each sample finishes. Everything else -- the
+    writes, the cancels, ``on_update``, leasing the free slots -- is the loop's. Its busy time
+    is slot-seconds over slots."""
 
     def __init__(self, sim, wp, options):
-        super().__init__(sim, wp, options)
-        k = next(i for i, op in enumerate(self.body) if op.kind == "READ")
-        self.pre, self.read = self.body[:k + 1], self.body[k]
-        self.post = [op for op in self.body[k + 1:] if op.kind == "WRITE"]
+        # each sample is written as it finishes (no real-time batching of the writes)
+        super().__init__(sim, wp, {**options, "flush_s": 0.0})
         self.slots = max(1, self.dev.slots)
-        self.flight: dict[int, list] = {}  # row -> [finish, lease id, version, seq]
-        self.leases: dict[int, dict] = {}
+        self.flight: dict[int, list] = {}  # row -> [finish, version, seq]: the engine's slots
         self._seq = 0
         self._last = 0.0  # occupancy integration
+        self._restart = False  # on_update: abort -- restart the samples in flight after the pull
+        self.start_serving(self.slots)
 
+    # the loop's hooks (asyncflow.runtime.loops.serve)
+    def clock(self) -> float:
+        return self.sim.now
+
+    def updating_weights(self) -> bool:
+        return self.sim.now < self._blocked_until
+
+    def may_pull(self, n: int) -> bool:
+        if n > 0 and self._dry():
+            return False
+        self.waiting = False
+        return True
+
+    def pulled(self, asked: int, got: int, first: bool) -> None:
+        if got:
+            self._drained(asked, got)
+        else:
+            self._missed(1)
+
+    def served_fields(self, v, rows: list[int]) -> dict:
+        """The engine's outputs: placeholders (nothing is generated here)."""
+        return {f: [0] * len(rows) for f in self.task.outputs}
+
+    # the simulated engine
     def occupy(self) -> None:
+        """Slot-seconds up to now (before the number of samples in flight changes)."""
         now = self.sim.now
         self.busy_s += (now - self._last) * len(self.flight) / self.slots
         self._last = now
 
     def adopted(self) -> None:
         super().adopted()
-        dt = max(0.0, self._blocked_until - self.sim.now)
-        if self.on_update == "abort" and self.flight:
-            self.occupy()
-            self.stats["aborted"] = self.stats.get("aborted", 0) + len(self.flight)
-            for r, f in self.flight.items():  # restart with the new version
-                self._seq += 1
-                f[0] = self.sim.now + dt + self.dev.latency_of(r)
-                f[2] = self.current_version()
-                f[3] = self._seq
-                self.sim.at(f[0], self._finish, r, self._seq)
+        if self.on_update == "abort":
+            self._restart = True
 
     def poke(self) -> None:
-        """A pull: cancel removed rows, the ADOPT op (``on_update: finish`` defers new weights
-        while samples are in flight), then READs until the free slots are filled."""
+        """A pull (the engine takes up no rows while it takes up new weights): the rows it
+        cancels leave the engine, ``on_update: abort`` restarts the rest, the new rows start."""
         if self.stopped or self.sim.now < self._blocked_until:
             return
-        self._cancels()
-        self.op_adopt(self.read, {"pull": 0})
-        if self.sim.now < self._blocked_until:
-            return
-        n = self.slots - len(self.flight)
-        if n > 0 and self._dry():
-            return
-        self.waiting = False
-        for got in self.lease_slots(n, self.pre, self.read):
-            if got is None:  # a READ found nothing
-                self._missed(1)
-                return
-            v, asked = got
-            self._drained(asked, len(v.rows))
+        if self.cancel_queue:  # the slot-seconds so far, before this pull's cancels
             self.occupy()
-            self.leases[v.lease.id] = v
-            for r in v.rows:
-                self._seq += 1
-                f = [self.sim.now + self.dev.latency_of(r), v.lease.id, v.version, self._seq]
-                self.flight[r] = f
-                self.sim.at(f[0], self._finish, r, self._seq)
-            self.in_flight = len(self.flight)
+        got = self.serve_pull(self.slots - len(self.flight))
+        gone = got.get("_cancel")
+        if gone:
+            self.occupy()
+            for r in gone:
+                if self.flight.pop(r, None) is not None:
+                    self.stats["cancelled"] = self.stats.get("cancelled", 0) + 1
+        if self._restart:
+            self._restart = False
+            self._abort()
+        rows = got.get("_row")
+        if rows:
+            self.occupy()
+            version = self.current_version()
+            for r in rows:
+                self._start(int(r), self.sim.now + self.dev.latency_of(r), version)
 
-    def _cancels(self) -> None:
-        """Rows removed while in flight (and, with first_ready, samples no step may take)."""
-        self.cancel_hopeless((r, f[2]) for r, f in self.flight.items())
-        if not self.cancel_queue:
+    def _start(self, r: int, finish: float, version) -> None:
+        self._seq += 1
+        self.flight[r] = [finish, version, self._seq]
+        self.sim.at(finish, self._finish, r, self._seq)
+
+    def _abort(self) -> None:
+        """``on_update: abort``: the samples in flight (once the pull's cancels have left)
+        start again with the new version, after the weight update."""
+        if not self.flight:
             return
         self.occupy()
-        for r in self.cancel_queue:
-            f = self.flight.pop(int(r), None)
-            if f is not None:
-                self.stats["cancelled"] = self.stats.get("cancelled", 0) + 1
-                self.leases[f[1]].cancelled.add(int(r))
-                self._settle(f[1])
-        self.cancel_queue = []
-        self.in_flight = len(self.flight)
+        self.stats["aborted"] = self.stats.get("aborted", 0) + len(self.flight)
+        dt = max(0.0, self._blocked_until - self.sim.now)
+        version = self.current_version()
+        for r in list(self.flight):
+            self._start(r, self.sim.now + dt + self.dev.latency_of(r), version)
 
     def _finish(self, r: int, seq: int) -> None:
         f = self.flight.get(r)
-        if f is None or f[3] != seq:
+        if f is None or f[2] != seq:
             return  # cancelled or restarted
         if self.sim.now < self._blocked_until:  # emitted once the weight update is done
             self.sim.at(self._blocked_until, self._finish, r, seq)
             return
         self.occupy()
         del self.flight[r]
-        self.in_flight = len(self.flight)
-        v = self.leases[f[1]]
-        v.done[r] = f[2]
-        rows = [r]
-        it = {"lease": v.lease, "rows": rows, "out": {f_: [0] for f_ in self.task.outputs},
-              "versions": [f[2] if f[2] is not None else 0], "version": f[2], "end": self.sim.now,
-              "partial": True}
-        wrote = True
-        for op in self.post:
-            wrote = self.op_write(op, it)
-        if wrote:
-            self.sim.wrote(self.task.name, rows)
-        else:
-            self.sim.released(self.task.name)
-        self._settle(f[1])
+        self.serve_emit({"_row": r, "_version": f[1] if f[1] is not None else 0})
         self.sim.soon(self.poke)
-
-    def _settle(self, lid: int) -> None:
-        v = self.leases.get(lid)
-        if v is not None and v.complete:
-            del self.leases[lid]
-            self.settle_lease(v)
 
     def offer(self, model: str, version: int) -> None:
         super().offer(model, version)
@@ -389,10 +400,6 @@ class TrainWorker(_StepReader, SimWorker):
     def perform(self, req):
         """A request in virtual time: at once, or ``_SUSPEND``."""
         kind, it = req.kind, req.it
-        if kind == "NOTHING":
-            self.waiting = True
-            self._reply = None
-            return _SUSPEND
         if kind == "MICRO":
             self.waiting = False
             return self._device_call(self.dev.call(it["micro"][2]))

@@ -7,8 +7,10 @@ report) are written once, here; the simulator's workers are hosts of the same
 written once too, as generators that yield what they wait for
 (:mod:`~asyncflow.runtime.loops.flow`): the real host performs each request at once, blocking
 (``loop_batches``, ``loop_train``), the simulator turns each into an event
-(:mod:`asyncflow.simulate.workers`). Still written per host: the ``serve`` loop, whose engine
-drives it (``serve(pull, emit)``: ``loop_serve``; the simulator's ``ServeWorker``).
+(:mod:`asyncflow.simulate.workers`). The ``serve`` loop, which its engine drives, is written
+once as the engine's two callbacks (``serve(pull, emit)``: :mod:`~asyncflow.runtime.loops.serve`):
+the real host hands them to its engine, the simulator's ``ServeWorker`` is a simulated engine
+that calls them from its event queue.
 
 ==================  ==============================================================================
 module              what it holds
@@ -19,8 +21,9 @@ module              what it holds
                     (gate, windows, bindings, op list) built from its WorkerPlan, the ``batches``
                     and ``train`` loops, and the host hooks with their defaults
 ``ops``             the op handlers: WAIT, ADOPT, READ, COMPUTE, WRITE, PUBLISH, end of a step
-``serve``           the ``serve`` loop (continuous batching) and what the simulator's shares
-                    with it: cancelling hopeless samples, settling a lease in flight
+``serve``           the ``serve`` loop (continuous batching): the engine's ``pull`` and
+                    ``emit`` callbacks, cancelling samples in flight, writing finished ones,
+                    settling a lease in flight; the same for both hosts
 ``step_reads``      a train step's reads: windows, first_ready, redundancy, followers, gate
                     rule 4, micro-batches
 ``host``            :class:`~asyncflow.runtime.loops.host.Host`: what a loop asks of its host

@@ -15,6 +15,9 @@ class Host(Protocol):
         """The control plane: flush reports; hear of the stop flag (returned), newer weights
         and removed rows (``Loop.heard_newer``, ``Loop.heard_dropped``)."""
 
+    def clock(self) -> float:
+        """Now, in seconds (real or virtual)."""
+
     def check(self) -> None:
         """Raise ``Crash`` when the worker was killed."""
 
@@ -38,3 +41,13 @@ class Host(Protocol):
 
     def publish_version(self, model: str, version: int) -> float:
         """A trainer publishes ``version`` of ``model``; the seconds it took."""
+
+    # the serve loop's (asyncflow.runtime.loops.serve)
+    def updating_weights(self) -> bool:
+        """The engine is taking up new weights: a pull leases nothing now."""
+
+    def may_pull(self, n: int) -> bool:
+        """Whether a pull for ``n`` free slots reads the store now (a backoff, a dry store)."""
+
+    def pulled(self, asked: int, got: int, first: bool) -> None:
+        """A pull's READ asked for ``asked`` rows and leased ``got`` (0: found nothing)."""

@@ -12,6 +12,7 @@ a host subclasses :class:`Loop` and overrides them: :class:`asyncflow.runtime.wo
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from asyncflow import kinds
@@ -138,6 +139,10 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         """Flush reports, learn of the stop flag, newer weights and removed rows (through
         :meth:`heard_newer` and :meth:`heard_dropped`); True when the run is stopping."""
         return self.stopped
+
+    def clock(self) -> float:
+        """Now, in seconds (the simulator's: virtual)."""
+        return time.time()
 
     def check(self) -> None:
         """Raise :class:`~asyncflow.runtime.signals.Crash` when this worker was killed."""
