@@ -38,6 +38,7 @@ from asyncflow.plan import Plan
 from asyncflow.runtime.driver import feed_ahead, feed_target
 from asyncflow.runtime.store import SampleStore
 from asyncflow.simulate.costs import Device, device, has_costs
+from asyncflow.simulate.transfer import SyncCosts
 from asyncflow.simulate.workers import (BatchWorker, ServeWorker, SimControl, SimWorker,
                                         TrainWorker)
 
@@ -109,8 +110,12 @@ class SimResult:
 class Simulation:
     """Execute ``plan`` in virtual time (module docstring)."""
 
-    def __init__(self, plan: Plan, *, max_events: int = 0, exhaustive: bool = False):
+    def __init__(self, plan: Plan, *, max_events: int = 0, exhaustive: bool = False,
+                 link=None, calibration=None):
         self.plan = plan
+        # the weights' transfer over ``link`` (asyncflow.simulate.transfer) and the costs fitted
+        # to a real run (asyncflow.simulate.calibrate): None, none
+        self.transfer = SyncCosts(plan, link, calibration)
         # exhaustive: after every event, every waiting worker reads again (no wake-up skipped;
         # the tests check that the targeted wake-ups give the very same run)
         self.exhaustive = exhaustive
@@ -124,7 +129,7 @@ class Simulation:
         for t in plan.tasks:
             self.store.register_task(t.name, list(t.inputs))
         self.control = SimControl(self)
-        self.devices = {t.name: device(plan, t) for t in plan.tasks}
+        self.devices = {t.name: device(plan, t, calibration) for t in plan.tasks}
         opts = {"read_timeout_s": 0.0, "train_read_timeout_s": 0.0, "backoff_s": 0.0,
                 "lease_s": FOREVER}
         self.workers: list[SimWorker] = []
@@ -338,12 +343,15 @@ def _last_writers(plan: Plan) -> dict[str, list[str]]:
 
 
 def simulate(plan: Plan, *, steps: int | None = None, max_events: int = 0,
-             exhaustive: bool = False) -> SimResult:
+             exhaustive: bool = False, link=None, calibration=None) -> SimResult:
     """Execute ``plan`` in virtual time and return what it did (module docstring). ``steps``
-    overrides the plan's; ``max_events`` stops a runaway simulation (``stalled`` says so)."""
+    overrides the plan's; ``max_events`` stops a runaway simulation (``stalled`` says so);
+    ``link`` is what weight syncs cross (:mod:`asyncflow.simulate.links`, default ethernet);
+    ``calibration`` the costs fitted to a real run (:mod:`asyncflow.simulate.calibrate`)."""
     if steps is not None:
         plan = plan.with_steps(steps)
-    return Simulation(plan, max_events=max_events, exhaustive=exhaustive).run()
+    return Simulation(plan, max_events=max_events, exhaustive=exhaustive, link=link,
+                      calibration=calibration).run()
 
 
 __all__ = ["Device", "SimResult", "Simulation", "device", "has_costs", "simulate"]
