@@ -3,7 +3,9 @@
 Prints throughput, step time, per-pool utilization and bubbles; ``--json`` one object (at least
 ``samples_per_s``, ``step_time_s``, ``devices``, ``wall_s``); ``--sweep KEY=v1,v2,...`` one
 simulation per value (``split=R:T,...`` or ``split=auto``: the rollout:train device split, the
-resource planner) and ``-o F.png`` its plot (without ``--sweep``: throughput per step).
+resource planner) and ``-o F.png`` its plot (without ``--sweep``: throughput per step);
+``--link`` what weight syncs cross (:mod:`asyncflow.simulate.links`), ``--calibrate RUN_DIR`` the
+costs fitted to a real run (:mod:`asyncflow.simulate.calibrate`; AF643, AF644).
 """
 from __future__ import annotations
 

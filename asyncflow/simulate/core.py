@@ -22,8 +22,12 @@ latency it costs in ``asyncflow run``), or a task's ``cost:`` mapping (:mod:`asy
 passes.cost`). User functions (rewards, filters) are not called: they cost their ``cost:`` hints
 (0 without) and a filter keeps every group.
 
-Not modelled: Python and Ray overheads of the real runtime (heartbeats, 5 ms flushes, control
-calls), faults and restarts, checkpoints, device contention between colocated tasks (each keeps
+The weight sync costs its bytes over a link where the model's size is known
+(:mod:`asyncflow.simulate.transfer`); with a calibration (:mod:`asyncflow.simulate.calibrate`)
+the device times and the runtime's own costs are the ones a real run measured.
+
+Not modelled (without a calibration): Python and Ray overheads of the real runtime (heartbeats,
+5 ms flushes, control calls); and in any case faults and restarts, checkpoints, device contention between colocated tasks (each keeps
 its own time, as the sim engine's sleeps do), and multi-turn episodes beyond one turn's latency
 times the environment's ``turns``.
 """
