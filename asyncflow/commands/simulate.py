@@ -192,7 +192,7 @@ def register(app: typer.Typer) -> None:
         sets = list(set_ or ())
         calib = None
         if calibrate is not None:
-            calib = _calibration(file, sets, calibrate)
+            calib = calibration_of(file, sets, calibrate)
         if sweep is None:
             plan = compile_file(file, sets)
             r = run_one(plan, steps, link_, calib)
@@ -208,7 +208,7 @@ def register(app: typer.Typer) -> None:
         _sweep(file, sets, sweep, steps, json_, output, link_, calib)
 
 
-def _calibration(file: str, sets: list[str], run_dir: str):
+def calibration_of(file: str, sets: list[str], run_dir: str):
     """The costs fitted to the run in ``run_dir`` (AF643/AF644 when it has none to give)."""
     import os
 
