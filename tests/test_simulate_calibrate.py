@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncflow.compiler import compile_file
-from asyncflow.errors import UserError
+from asyncflow.errors import AsyncflowError, UserError
 from asyncflow.plan import Plan
 from asyncflow.simulate import simulate
 from asyncflow.simulate.calibrate import Calibration, TaskFit, calibrate, fit
@@ -72,7 +72,7 @@ def test_cli_calibrate_and_its_errors(run, capsys, tmp_path):
     rc, out = cli(capsys, "simulate", str(ROOT / "benchmarks" / "papers" / "roll_flash.yaml"),
                   "--calibrate", run.out)
     assert rc != 0 and "AF644" in out and "plan.json:1:1" in out
-    with pytest.raises(Exception) as e:
+    with pytest.raises(AsyncflowError) as e:  # through the API: coded, in the hierarchy
         fit(compile_file(LONGTAIL), str(tmp_path / "missing"))
     assert getattr(e.value, "code", None) == "AF643"
     assert not isinstance(e.value, UserError)  # the command locates it (AF643 above)

@@ -33,15 +33,16 @@ from dataclasses import dataclass, field, replace
 
 from asyncflow.compiler.kinds import rules_of
 from asyncflow.costmodel import Distribution
+from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan, TaskPlan
 
 
-class CalibrationError(ValueError):
+class CalibrationError(AsyncflowError):
     """A run directory that cannot calibrate this plan: ``code`` (AF643 / AF644), the file it
-    concerns, and the message's fields."""
+    concerns, and the message's fields (``asyncflow simulate`` reports it located)."""
 
     def __init__(self, code: str, path: str, **fmt):
-        super().__init__(f"{code}: {path}: {fmt}")
+        super().__init__(f"{path}: {code} --calibrate {fmt.get('run_dir')}: {fmt.get('what')}")
         self.code, self.path, self.fmt = code, path, fmt
 
 

@@ -27,9 +27,9 @@ The weight sync costs its bytes over a link where the model's size is known
 the device times and the runtime's own costs are the ones a real run measured.
 
 Not modelled (without a calibration): Python and Ray overheads of the real runtime (heartbeats,
-5 ms flushes, control calls); and in any case faults and restarts, checkpoints, device contention between colocated tasks (each keeps
-its own time, as the sim engine's sleeps do), and multi-turn episodes beyond one turn's latency
-times the environment's ``turns``.
+5 ms flushes, control calls); and in any case faults and restarts, checkpoints, device contention
+between colocated tasks (each keeps its own time, as the sim engine's sleeps do), and multi-turn
+episodes beyond one turn's latency times the environment's ``turns``.
 """
 from __future__ import annotations
 

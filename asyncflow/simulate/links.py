@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asyncflow.errors import AsyncflowError
+
 
 @dataclass(frozen=True)
 class Link:
@@ -61,8 +63,9 @@ DEFAULT = "ethernet"
 HOST = LINKS["pcie"]
 
 
-class LinkError(ValueError):
-    """``--link`` names no preset and is no ``GBPS[:LATENCY_US]``."""
+class LinkError(AsyncflowError):
+    """``--link`` names no preset and is no ``GBPS[:LATENCY_US]`` (a usage error of
+    ``asyncflow simulate``, exit 2)."""
 
 
 def link(spec: str | Link | None) -> Link:
