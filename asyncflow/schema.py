@@ -59,6 +59,10 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                 "scale > 0 (2 r), dropout: in [0, 1) (0), target_modules: a list of module "
                 'names or "all-linear" (the default)}; {} takes every default. A sync sends the '
                 "adapter only; the export writes the merged model and the adapter. hf engine.",
+        "params": "How many parameters the model has (e.g. 7.6e9): what a weight sync moves, "
+                  "times the dtype's bytes, in asyncflow simulate (docs/weight-sync.md). "
+                  "Default: counted from a Hugging Face checkpoint's files; else unknown, and "
+                  "the simulated sync costs no transfer. The runtime ignores it.",
     },
     "data source": {
         "source": 'Where the rows come from: a "module:function" reference; a .jsonl, .json '

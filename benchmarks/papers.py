@@ -30,6 +30,13 @@ Figures (PNG into ``docs/``, tables on stdout):
    the trainer (``stream: true``), + asynchrony (alpha 1). ``papers_asyncflow_scaling.png``,
    ``papers_asyncflow_speedup.png``.
 
+``--transfer``: figures 1a and 3 again with a 7B model's weight sync included (bf16, 14 GB a
+sync: ``params`` and ``dtype`` on the trained model; docs/weight-sync.md, "In the simulator"),
+by each method over its usual link -- ``store`` over Ethernet (25 Gb/s), ``collective`` over
+InfiniBand (NDR) -- beside the transfer-free runs: ``papers_roll_flash_speedup_7b.png``,
+``papers_roll_flash_throughput_7b.png``, ``papers_asyncflow_speedup_7b.png`` (the other figures
+are left as they are).
+
 ``--quick``: fewer sizes and runs, 512 samples a step (< 40 s); its numbers differ from the
 full run's, and its PNGs go to a temporary folder unless ``--out`` says otherwise. The script
 prints its own wall time and the simulator's cost at the largest size.
@@ -64,6 +71,9 @@ FULL = {"sizes": [8, 16, 32, 64, 128, 256, 512, 1024], "alpha_sizes": {"rlvr": [
 QUICK = {"sizes": [8, 64, 512], "alpha_sizes": {"rlvr": [64]}, "alphas": [0, 1, 2, 4],
          "cluster": [16, 64, 256], "ablation_at": 64, "prompts": 64, "steps": 8, "periods": 2}
 ALPHA = 2  # ROLL Flash's asynchronous runs in figure 1
+# --transfer: a 7B model in bf16 (14 GB a sync), by each method over its usual link
+PARAMS_7B = 7e9
+TRANSFERS = {"store": ("store", "ethernet"), "collective": ("collective", "infiniband")}
 WORKLOADS = {"rlvr": "roll_flash.yaml", "agentic": "roll_flash_agentic.yaml"}
 
 
@@ -227,12 +237,36 @@ def steady(ends: list[float], samples: list[int], alpha: int) -> tuple[float, fl
     return sum(samples[w0 + 1:w1 + 1]) / t, t / (w1 - w0)
 
 
-def run_one(job: tuple[str, dict, int]) -> tuple[str, dict]:
+def with_7b(cfg: dict) -> dict:
+    """``cfg`` with its trained model a 7B one in bf16 (the simulator charges its 14 GB a
+    sync; the sim engine's device times stay as they are)."""
+    cfg = copy.deepcopy(cfg)
+    model = cfg["tasks"][_tasks(cfg, "train")]["model"]
+    cfg["models"][model].update(params=PARAMS_7B, dtype="bfloat16")
+    return cfg
+
+
+def transfer_jobs(jobs: list) -> list:
+    """Each job again per method of :data:`TRANSFERS`, a 7B model's sync included (key
+    ``<method>:<key>``). The method is set on the compiled plan: the sim engine only syncs
+    through the store at run time (AF216), the simulator charges either."""
+    return [(f"{m}:{key}", with_7b(cfg), steps, TRANSFERS[m]) for m in TRANSFERS
+            for key, cfg, steps, *_ in jobs]
+
+
+def run_one(job: tuple) -> tuple[str, dict]:
+    import dataclasses
+
     from asyncflow.simulate import simulate
 
-    key, cfg, steps = job
+    key, cfg, steps, *sync = job
     alpha = int(cfg["sync"][0]["max_staleness"])
-    r = simulate(compile_cfg(cfg), steps=steps)
+    plan, link = compile_cfg(cfg), None
+    if sync and sync[0]:
+        via, link = sync[0]
+        plan = dataclasses.replace(plan, sync=[dataclasses.replace(s, via=via)
+                                               for s in plan.sync])
+    r = simulate(plan, steps=steps, link=link)
     rate, step_s = steady(r.step_ends, r.samples, alpha) if not r.stalled else (0.0, 0.0)
     return key, {"samples_per_s": rate, "step_time_s": step_s,
                  "samples_per_s_from_step0": r.samples_per_s,
@@ -256,7 +290,7 @@ def run_all(jobs: list[tuple[str, dict, int]], n_jobs: int) -> dict[str, dict]:
 
 
 def _cost(job) -> float:
-    _, cfg, steps = job
+    _, cfg, steps, *_ = job
     st = cfg["step"]
     return st["prompts_per_step"] * st["samples_per_prompt"] * steps * len(cfg["tasks"])
 
@@ -498,6 +532,100 @@ def plot_asyncflow(cfg: dict, variants, out: list, n: int) -> None:
                **size).save(OUT["dir"] / "papers_asyncflow_speedup.png")
 
 
+def transfer_figures(cfg: dict, bases: dict, af: dict, res: dict, plots: bool) -> dict:
+    """Figures 1a and 3 with a 7B model's sync by each method, beside the transfer-free runs."""
+    methods = ["none", *TRANSFERS]
+
+    def get(m: str, key: str) -> float:
+        return res[key if m == "none" else f"{m}:{key}"]["samples_per_s"]
+
+    out: dict = {"roll": {}, "asyncflow": []}
+    head = ["K"] + [f"{m} {x}" for m in methods for x in ("sync", "async", "speedup")]
+    for wl in bases if cfg["sizes"] else ():
+        rows = []
+        for k in cfg["sizes"]:
+            pt = {"K": k}
+            row = [k]
+            for m in methods:
+                sy, asy = get(m, f"{wl}/sync/{k}"), get(m, f"{wl}/async{ALPHA}/{k}")
+                pt[m] = {"sync": sy, "async": asy, "speedup": asy / sy}
+                row += [f1(sy), f1(asy), f2(asy / sy)]
+            rows.append(row)
+            out["roll"].setdefault(wl, []).append(pt)
+        table(f"ROLL Flash, figure 1a ({wl}) with a 7B model's weight sync (bf16, 14 GB; store "
+              "over 25 GbE, collective over NDR InfiniBand; none: the figure above), samples/s",
+              head, rows)
+    if af is not None and any(k.startswith("af/") for k in res):
+        rows = []
+        for d in cfg["cluster"]:
+            pt = {"D": d}
+            row = [d]
+            for m in methods:
+                col, asy = get(m, f"af/colocated/{d}"), get(m, f"af/async/{d}")
+                pt[m] = {"colocated": col, "async": asy, "speedup": asy / col}
+                row += [f1(col), f1(asy), f2(asy / col)]
+            rows.append(row)
+            out["asyncflow"].append(pt)
+        table("AsyncFlow, throughput against cluster size D with a 7B model's weight sync "
+              "(colocated sync baseline, full AsyncFlow, speedup), samples/s",
+              ["D"] + [f"{m} {x}" for m in methods for x in ("coloc.", "async", "speedup")],
+              rows)
+    if plots:
+        plot_transfer(cfg, out)
+    return out
+
+
+def plot_transfer(cfg: dict, out: dict) -> None:
+    from asyncflow.viz.chart import line_chart
+
+    colors = {"none": "#7F7F7F", "store": "#D55E00", "collective": "#0072B2"}
+    label = {"none": "no transfer (as above)", "store": "store, 25 GbE",
+             "collective": "collective, InfiniBand NDR"}
+    size = {"width": 1000, "height": 560}
+    if out["roll"]:
+        sizes = cfg["sizes"]
+        top = max(p[m]["speedup"] for pts in out["roll"].values() for p in pts for m in colors)
+        series = [_headroom(sizes[0], top * 1.5)]
+        for wl, pts in out["roll"].items():
+            for m in colors:
+                series.append({"label": f"{wl}: {label[m]}", "xs": sizes,
+                               "ys": [p[m]["speedup"] for p in pts], "color": colors[m],
+                               "dash": wl == "agentic"})
+        line_chart(series, title=f"ROLL Flash, simulated: async (alpha {ALPHA}) over sync with "
+                   "a 7B model's weight sync",
+                   subtitle="14 GB a sync (bf16), charged to both runs; solid: RLVR, dashed: "
+                   "agentic", xlabel="devices K (log scale)", ylabel="speedup (x)", log_x=True,
+                   **size).save(OUT["dir"] / "papers_roll_flash_speedup_7b.png")
+        pts = out["roll"]["rlvr"]
+        top = max(p[m]["async"] for p in pts for m in colors)
+        series = [_headroom(sizes[0], top * 1.5)]
+        for m in colors:
+            series.append({"label": f"async: {label[m]}", "xs": sizes,
+                           "ys": [p[m]["async"] for p in pts], "color": colors[m]})
+            series.append({"label": f"sync: {label[m]}", "xs": sizes,
+                           "ys": [p[m]["sync"] for p in pts], "color": colors[m], "dash": True})
+        line_chart(series, title="ROLL Flash (RLVR), simulated: throughput with a 7B model's "
+                   "weight sync", subtitle="14 GB a sync (bf16); solid: async (alpha 2), "
+                   "dashed: sync", xlabel="devices K (log scale)",
+                   ylabel="samples / s (virtual time)", log_x=True,
+                   **size).save(OUT["dir"] / "papers_roll_flash_throughput_7b.png")
+    if out["asyncflow"]:
+        ds = [p["D"] for p in out["asyncflow"]]
+        top = max(p[m]["speedup"] for p in out["asyncflow"] for m in colors)
+        series = [_headroom(ds[0], top * 1.5)]
+        for m in colors:
+            series.append({"label": f"full AsyncFlow over colocated sync: {label[m]}", "xs": ds,
+                           "ys": [p[m]["speedup"] for p in out["asyncflow"]],
+                           "color": colors[m]})
+        series.append({"label": f"paper: {PAPER['asyncflow_avg']}x average",
+                       "xs": [ds[0], ds[-1]], "ys": [PAPER["asyncflow_avg"]] * 2,
+                       "color": "#999999", "dash": True, "points": False})
+        line_chart(series, title="AsyncFlow, simulated: speedup with a 7B model's weight sync",
+                   subtitle="14 GB a sync (bf16), charged to both runs",
+                   xlabel="devices D (log scale)", ylabel="speedup (x)", log_x=True,
+                   **size).save(OUT["dir"] / "papers_asyncflow_speedup_7b.png")
+
+
 def _headroom(x: float, y: float) -> dict:
     """An invisible one-point series: room above the lines for the legend (put it first: its
     legend row, blank, is the top one)."""
@@ -521,6 +649,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="simulations at once (processes)")
     ap.add_argument("--json", help="write every number to this file")
     ap.add_argument("--no-plots", action="store_true", help="tables only")
+    ap.add_argument("--transfer", action="store_true",
+                    help="figures 1a and 3 again with a 7B model's weight sync (store over "
+                         "Ethernet, collective over InfiniBand), beside the transfer-free ones")
     ap.add_argument("--out", help="folder for the PNGs (default: docs/; with --quick, a "
                                   "temporary folder, so the full run's figures stay)")
     args = ap.parse_args(argv)
@@ -541,6 +672,9 @@ def main(argv: list[str] | None = None) -> int:
         jobs += roll_jobs(cfg, bases)
     if "asyncflow" in only:
         jobs += asyncflow_jobs(cfg, af)
+    if args.transfer:
+        jobs += transfer_jobs([j for j in jobs if "/sync/" in j[0] or f"/async{ALPHA}/" in j[0]
+                               or j[0].startswith(("af/colocated/", "af/async/"))])
     print(f"{len(jobs)} simulations, {args.jobs} at a time"
           f"{' (--quick)' if args.quick else ''} ...", flush=True)
     res = run_all(jobs, args.jobs)
@@ -552,6 +686,9 @@ def main(argv: list[str] | None = None) -> int:
     if "asyncflow" in only:
         report["asyncflow"] = asyncflow_figures(cfg, af, res, plots)
         report["workloads"]["asyncflow"] = work(af)
+    if args.transfer:
+        report["transfer"] = transfer_figures(cfg, bases if "roll" in only else {},
+                                              af if "asyncflow" in only else None, res, plots)
     wall = time.perf_counter() - t0
     sim_s = sum(v["wall_s"] for v in res.values())
     largest = [f"rlvr/async{ALPHA}/{cfg['sizes'][-1]}"] if cfg["sizes"] else []

@@ -41,6 +41,9 @@ MODEL = {
     "dtype": Key("choice", choices=("float32", "bfloat16", "float16")),
     # a LoRA adapter the trainer trains instead of the weights (asyncflow.lora: keys, defaults)
     "lora": Key("map"),
+    # parameters a weight sync moves (asyncflow simulate's transfer cost; unset: from an HF
+    # checkpoint's files, else unknown and the sync costs nothing there)
+    "params": Key("num", min=1),
 }
 DATA = {
     "source": Key("str", required=True), "args": Key("map", default={}),

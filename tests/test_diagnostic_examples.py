@@ -362,6 +362,22 @@ def a_bad_sweep(tmp_path, monkeypatch):
     raise r.exception
 
 
+@example("AF643")
+def calibrate_from_a_run_without_trace(tmp_path, monkeypatch):
+    from asyncflow.commands.simulate import calibration_of
+
+    (tmp_path / "plan.json").write_text(_sim_plan().to_json())  # no trace.json, no metrics
+    calibration_of(str(PIPELINES / "sim_longtail.yaml"), [], str(tmp_path))
+
+
+@example("AF644")
+def calibrate_from_another_pipeline(tmp_path, monkeypatch):
+    from asyncflow.commands.simulate import calibration_of
+
+    (tmp_path / "plan.json").write_text(compile_file(str(PIPELINES / "dapo.yaml")).to_json())
+    calibration_of(str(PIPELINES / "sim_longtail.yaml"), [], str(tmp_path))
+
+
 # -- a model and its prompts (asyncflow.models, .lora, .engines.vllm) ---------------------------
 def _spec(model: dict | None = None):
     from asyncflow.engines.base import EngineSpec

@@ -3,7 +3,9 @@
 Prints throughput, step time, per-pool utilization and bubbles; ``--json`` one object (at least
 ``samples_per_s``, ``step_time_s``, ``devices``, ``wall_s``); ``--sweep KEY=v1,v2,...`` one
 simulation per value (``split=R:T,...`` or ``split=auto``: the rollout:train device split, the
-resource planner) and ``-o F.png`` its plot (without ``--sweep``: throughput per step).
+resource planner) and ``-o F.png`` its plot (without ``--sweep``: throughput per step);
+``--link`` what weight syncs cross (:mod:`asyncflow.simulate.links`), ``--calibrate RUN_DIR`` the
+costs fitted to a real run (:mod:`asyncflow.simulate.calibrate`; AF643, AF644).
 """
 from __future__ import annotations
 
@@ -51,20 +53,22 @@ def _check_costs(plan) -> None:
                    task=roll.name if roll else "?")
 
 
-def run_one(plan, steps: Optional[int]):
-    """Simulate ``plan``; AF641 when it stops before its last step."""
+def run_one(plan, steps: Optional[int], link=None, calibration=None):
+    """Simulate ``plan`` (weight syncs over ``link``; with the costs of ``calibration``);
+    AF641 when it stops before its last step."""
     from asyncflow.simulate import simulate
 
-    _check_costs(plan)
+    if calibration is None:
+        _check_costs(plan)
     n = steps if steps is not None else plan.step.steps
     budget = 200 * max(1, n) * max(1, plan.step.samples_per_step) + 1_000_000
-    r = simulate(plan, steps=steps, max_events=budget)
+    r = simulate(plan, steps=steps, max_events=budget, link=link, calibration=calibration)
     if r.stalled:
         raise _located(plan, "AF641", None, done=len(r.step_ends), steps=n, why=r.stalled)
     return r
 
 
-def _summary(r, plan, file: str) -> None:
+def _summary(r, plan, file: str, link=None, calibration=None) -> None:
     from rich.table import Table
 
     d = r.to_dict()
@@ -102,9 +106,35 @@ def _summary(r, plan, file: str) -> None:
         tk.add_row(name, str(v["replicas"]), _fmt_s(v["busy_s"] / n / max(1, v["replicas"])),
                    f"{v['utilization']:.0%}")
     out.print(tk)
+    _sync_lines(plan, link)
+    if calibration is not None:
+        out.print(f"calibrated from {calibration.describe()}", markup=False)
     out.print("note: virtual time from the cost hints; user functions are not run (a filter keeps "
-              "every group) and the runtime's own overheads are not modelled", style="dim",
-              markup=False)
+              "every group)" + ("" if calibration is not None else
+                                 "; the runtime's own overheads are not modelled "
+                                 "(--calibrate RUN_DIR fits them)"),
+              style="dim", markup=False)
+
+
+def _sync_lines(plan, link) -> None:
+    """What each weight sync moves and costs (asyncflow.simulate.transfer)."""
+    from asyncflow.simulate.transfer import SyncCosts
+
+    sc = SyncCosts(plan, link)
+    for s in plan.sync:
+        b = sc.edges[(s.src, s.dst)][1]
+        if not b:
+            out.print(f"weight sync {s.src} -> {s.dst} ({s.via}): the size of model "
+                      f"'{s.model}' is unknown, no transfer charged (models.{s.model}.params)",
+                      style="dim", markup=False)
+            continue
+        pub = SyncCosts(plan, link).publish_s(s.src, s.model)
+        adopt = SyncCosts(plan, link).adopt_s(s.dst, 0.0)
+        out.print(f"weight sync {s.src} -> {s.dst} ({s.via}): {b / 1e9:.2f} GB a sync over "
+                  f"{sc.link.describe()}: the trainer blocked {_fmt_s(pub)} a publish, a "
+                  f"replica {_fmt_s(adopt)} an adoption (the first; "
+                  + ("later ones queue at the trainer)" if s.via == "collective"
+                     else "copies spread by doubling)"), markup=False)
 
 
 def _plot_steps(r, path: str, plan) -> None:
@@ -135,7 +165,16 @@ def register(app: typer.Typer) -> None:
                            "split=auto: the rollout:train device split (resource planner)"),
                   output: Optional[str] = typer.Option(
                       None, "-o", "--output", help="plot to this .png/.svg/.html: the sweep's "
-                      "series, or throughput per step")) -> None:
+                      "series, or throughput per step"),
+                  link: Optional[str] = typer.Option(
+                      None, "--link", metavar="NAME|GBPS[:LATENCY_US]",
+                      help="what weight syncs cross: pcie, nvlink, infiniband, ethernet (the "
+                           "default) or a bandwidth in GB/s (docs/weight-sync.md)"),
+                  calibrate: Optional[str] = typer.Option(
+                      None, "--calibrate", metavar="RUN_DIR",
+                      help="fit the device times and the runtime's per-call and per-row costs "
+                           "to a real run of this pipeline (its trace.json), then simulate")
+                  ) -> None:
         """Execute the compiled plan in virtual time (device times from the cost hints): the
         runtime's own scheduling code, 1,024 devices in seconds."""
         from asyncflow.compiler import compile_file
@@ -144,23 +183,51 @@ def register(app: typer.Typer) -> None:
             usage_error("--steps must be >= 1")
         if output and not output.lower().endswith((".png", ".svg", ".html", ".htm")):
             usage_error("-o must name a .png, .svg or .html file")
+        from asyncflow.simulate.links import LinkError, link as link_of
+
+        try:
+            link_ = link_of(link)
+        except LinkError as e:
+            usage_error(str(e))
         sets = list(set_ or ())
+        calib = None
+        if calibrate is not None:
+            calib = calibration_of(file, sets, calibrate)
         if sweep is None:
             plan = compile_file(file, sets)
-            r = run_one(plan, steps)
+            r = run_one(plan, steps, link_, calib)
             if output:
                 _plot_steps(r, output, plan)
             if json_:
                 out.print(json.dumps(r.to_dict()), markup=False, soft_wrap=True)
             else:
-                _summary(r, plan, file)
+                _summary(r, plan, file, link_, calib)
             if output:
                 (err if json_ else out).print(f"wrote {output}", markup=False)
             return
-        _sweep(file, sets, sweep, steps, json_, output)
+        _sweep(file, sets, sweep, steps, json_, output, link_, calib)
 
 
-def _sweep(file: str, sets: list[str], spec: str, steps, json_: bool, output) -> None:
+def calibration_of(file: str, sets: list[str], run_dir: str):
+    """The costs fitted to the run in ``run_dir`` (AF643/AF644 when it has none to give)."""
+    import os
+
+    from asyncflow.compiler import compile_file
+    from asyncflow.diagnostics import error
+    from asyncflow.loc import SourceLoc
+    from asyncflow.simulate.calibrate import CalibrationError, calibrate
+
+    plan = compile_file(file, sets)
+    try:
+        return calibrate(plan, run_dir)
+    except CalibrationError as e:  # located at the run's file it concerns, else the pipeline
+        loc = SourceLoc(e.path, 1, 1) if os.path.isfile(e.path) else (
+            SourceLoc(plan.source_file, 1, 1) if plan.source_file else None)
+        raise error(e.code, loc, **e.fmt) from None
+
+
+def _sweep(file: str, sets: list[str], spec: str, steps, json_: bool, output, link=None,
+           calib=None) -> None:
     from asyncflow.compiler import compile_file
     from asyncflow.diagnostics import error
     from asyncflow.simulate import sweep as sw
@@ -182,7 +249,7 @@ def _sweep(file: str, sets: list[str], spec: str, steps, json_: bool, output) ->
     runs = []
     for v, extra in zip(values, runs_sets):
         plan = compile_file(file, sets + extra)
-        runs.append((v, plan, run_one(plan, steps)))
+        runs.append((v, plan, run_one(plan, steps, link, calib)))
     wall = time.perf_counter() - t0
     best_i = max(range(len(runs)), key=lambda i: runs[i][2].samples_per_s)
     own = None

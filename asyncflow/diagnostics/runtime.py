@@ -63,6 +63,12 @@ CODES = [
     Code("AF641", "simulate-stalled",
          "the simulated run stopped after {done} of {steps} steps: {why}"),
     Code("AF642", "bad-sweep", "{what}"),
+    Code("AF643", "calibrate-no-trace",
+         "--calibrate {run_dir}: {what}: a run directory of `asyncflow run` has plan.json, "
+         "metrics.jsonl and trace.json (a run of a few steps is enough)"),
+    Code("AF644", "calibrate-other-pipeline",
+         "--calibrate {run_dir}: the run is of {other}, not of this pipeline '{pipeline}': "
+         "{what}"),
     # asyncflow export (asyncflow.commands.export, asyncflow.runtime.export)
     # a model and its prompts, at start-up and as a rollout encodes them (asyncflow.models)
     Code("AF650", "model-unavailable", "model '{model}': cannot load init '{init}': {reason}"),

@@ -71,6 +71,9 @@ class ModelPlan:
     loc: str = ""  # "file:line:col" of its init (of the model it copies), for run-time errors
     # its LoRA adapter, defaults filled in (asyncflow.lora.resolve); {}: the weights train
     lora: dict = field(default_factory=dict)
+    # parameters a weight sync moves, as written (``params:``); 0: not written (the simulator
+    # counts an HF checkpoint's, else charges no transfer)
+    params: float = 0
 
 
 @dataclass(frozen=True)

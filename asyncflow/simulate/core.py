@@ -25,10 +25,14 @@ latency it costs in ``asyncflow run``), or a task's ``cost:`` mapping (:mod:`asy
 passes.cost`). User functions (rewards, filters) are not called: they cost their ``cost:`` hints
 (0 without) and a filter keeps every group.
 
-Not modelled: Python and Ray overheads of the real runtime (heartbeats, 5 ms flushes, control
-calls), faults and restarts, checkpoints, device contention between colocated tasks (each keeps
-its own time, as the sim engine's sleeps do), and multi-turn episodes beyond one turn's latency
-times the environment's ``turns``.
+The weight sync costs its bytes over a link where the model's size is known
+(:mod:`asyncflow.simulate.transfer`); with a calibration (:mod:`asyncflow.simulate.calibrate`)
+the device times and the runtime's own costs are the ones a real run measured.
+
+Not modelled (without a calibration): Python and Ray overheads of the real runtime (heartbeats,
+5 ms flushes, control calls); and in any case faults and restarts, checkpoints, device contention
+between colocated tasks (each keeps its own time, as the sim engine's sleeps do), and multi-turn
+episodes beyond one turn's latency times the environment's ``turns``.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Plan
 from asyncflow.runtime.driver import feed_ahead, feed_target
 from asyncflow.simulate.costs import Device, device, has_costs
+from asyncflow.simulate.transfer import SyncCosts
 from asyncflow.simulate.vstore import VStore
 from asyncflow.simulate.workers import (BatchWorker, ServeWorker, SimControl, SimWorker,
                                         TrainWorker)
@@ -113,8 +118,11 @@ class Simulation:
     """Execute ``plan`` in virtual time (module docstring)."""
 
     def __init__(self, plan: Plan, *, max_events: int = 0, exhaustive: bool = False,
-                 store=None):
+                 store=None, link=None, calibration=None):
         self.plan = plan
+        # the weights' transfer over ``link`` (asyncflow.simulate.transfer) and the costs fitted
+        # to a real run (asyncflow.simulate.calibrate): None, none
+        self.transfer = SyncCosts(plan, link, calibration)
         # exhaustive: after every event, every waiting worker reads again (no wake-up skipped;
         # the tests check that the targeted wake-ups give the very same run)
         self.exhaustive = exhaustive
@@ -130,7 +138,7 @@ class Simulation:
         for t in plan.tasks:
             self.store.register_task(t.name, list(t.inputs))
         self.control = SimControl(self)
-        self.devices = {t.name: device(plan, t) for t in plan.tasks}
+        self.devices = {t.name: device(plan, t, calibration) for t in plan.tasks}
         opts = {"read_timeout_s": 0.0, "train_read_timeout_s": 0.0, "backoff_s": 0.0,
                 "lease_s": FOREVER}
         self.workers: list[SimWorker] = []
@@ -348,13 +356,16 @@ def _last_writers(plan: Plan) -> dict[str, list[str]]:
 
 
 def simulate(plan: Plan, *, steps: int | None = None, max_events: int = 0,
-             exhaustive: bool = False, store=None) -> SimResult:
+             exhaustive: bool = False, store=None, link=None, calibration=None) -> SimResult:
     """Execute ``plan`` in virtual time and return what it did (module docstring). ``steps``
     overrides the plan's; ``max_events`` stops a runaway simulation (``stalled`` says so);
-    ``store``: the Store class to run on (default :class:`~asyncflow.simulate.vstore.VStore`)."""
+    ``store``: the Store class to run on (default :class:`~asyncflow.simulate.vstore.VStore`);
+    ``link`` is what weight syncs cross (:mod:`asyncflow.simulate.links`, default ethernet);
+    ``calibration`` the costs fitted to a real run (:mod:`asyncflow.simulate.calibrate`)."""
     if steps is not None:
         plan = plan.with_steps(steps)
-    return Simulation(plan, max_events=max_events, exhaustive=exhaustive, store=store).run()
+    return Simulation(plan, max_events=max_events, exhaustive=exhaustive, store=store,
+                      link=link, calibration=calibration).run()
 
 
 __all__ = ["Device", "SimResult", "Simulation", "device", "has_costs", "simulate"]

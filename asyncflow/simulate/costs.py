@@ -57,8 +57,15 @@ class Device:
         return done[-1][0] + self.seconds_per_call * self.scale
 
 
-def device(plan: Plan, task: TaskPlan) -> Device:
-    """The cost hints of ``task`` (a ``cost:`` mapping wins over a sim engine's ``args``)."""
+def device(plan: Plan, task: TaskPlan, calibration=None) -> Device:
+    """The cost hints of ``task`` (a ``cost:`` mapping wins over a sim engine's ``args``);
+    with a ``calibration`` (:class:`asyncflow.simulate.calibrate.Calibration`), what it fitted
+    to a real run for the task (its device times, the runtime's per-call and per-row costs)."""
+    d = _hinted(plan, task)
+    return calibration.apply(task, d) if calibration is not None else d
+
+
+def _hinted(plan: Plan, task: TaskPlan) -> Device:
     if task.engine == "sim" and not task.cost:
         eng = SimEngine(engine_spec(plan, task, 0))
         d = Device(slots=eng.slots, seconds_per_sample=eng.seconds_per_sample / eng.devices,

@@ -132,7 +132,10 @@ class SimWorker(Loop):
         """New weights taken up: the engine's weight update takes ``sync_seconds`` (and the
         gate lets this worker start more rows)."""
         self.fresh = max(self.fresh, self.need)
-        dt = self.dev.sync_seconds * self.dev.scale
+        # the engine's update, then the weights' transfer (asyncflow.simulate.transfer; 0 s
+        # when the model's size is unknown)
+        dt = self.dev.sync_seconds * self.dev.scale + self.sim.transfer.adopt_s(
+            self.task.name, self.sim.now)
         if dt > 0:
             self._blocked_until = self.sim.now + dt
             self.sim.after(dt, self.poke)
@@ -386,6 +389,7 @@ class TrainWorker(_StepReader, SimWorker):
         self.step = int(self.opt.get("start_step", 0))
         self.computing = False
         self._publish: list = []  # (model, version) published by this step, told at its end
+        self._publish_s = 0.0  # seconds this step's publishes block the trainer (transfer)
         self._flow = self.flow_train()
         self._reply = None
 
@@ -409,8 +413,13 @@ class TrainWorker(_StepReader, SimWorker):
         if kind == "STREAMED":
             self.waiting = False
         elif kind == "END":
-            self._end_step(it)
             self._reply = None
+            dt, self._publish_s = self._publish_s + self.sim.transfer.step_s(self.task.name), 0.0
+            if dt > 0:  # exporting (and putting) the weights: the step ends after
+                self.computing = True
+                self.sim.after(dt, self._published, it)
+                return _SUSPEND
+            self._end_step(it)
             return _SUSPEND
         return None  # STREAM
 
@@ -418,11 +427,19 @@ class TrainWorker(_StepReader, SimWorker):
         self.computing = False
         self.resume(None)
 
+    def _published(self, it: dict) -> None:
+        self.computing = False
+        self._end_step(it)
+
     def publish_version(self, model: str, version: int) -> float:
-        """PUBLISH: the rollouts hear of ``version`` once the step has reported (END)."""
-        if model:
-            self._publish.append((model, version))
-        return 0.0
+        """PUBLISH: the rollouts hear of ``version`` once the step has reported (END), after
+        the seconds the publish blocks the trainer (asyncflow.simulate.transfer)."""
+        if not model:
+            return 0.0
+        self._publish.append((model, version))
+        dt = self.sim.transfer.publish_s(self.task.name, model)
+        self._publish_s += dt
+        return dt
 
     def _end_step(self, it: dict) -> None:
         step, leases = it["step"], it.get("leases") or []

@@ -240,7 +240,7 @@ def lower(graph: Graph, ctx: Context, *, naive: bool = False) -> Plan:
         models.append(ModelPlan(name, init, plain(args), m.frozen, m.copy_of,
                                 None if m.frozen else trained.get(name),
                                 **_model_source(p, name, placement["device_kind"]),
-                                lora=lora.resolve(plain(m.lora))))
+                                lora=lora.resolve(plain(m.lora)), params=m.params or 0))
     data = [SourcePlan(d.name, d.source, plain(d.args), list(d.fields), d.epochs,
                        {"": _loc(d), **{k: str(v) for k, v in d.locs.items() if v.line}}, d.split)
             for d in p.data.values()]

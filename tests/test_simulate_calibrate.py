@@ -1,0 +1,78 @@
+"""``asyncflow simulate --calibrate RUN_DIR`` (asyncflow.simulate.calibrate): the costs fitted to a
+real run's trace.json and metrics.jsonl make the simulation of that run take the step time it
+measured; a run of another pipeline, or without a trace, is a coded error."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from asyncflow.compiler import compile_file
+from asyncflow.errors import AsyncflowError, UserError
+from asyncflow.plan import Plan
+from asyncflow.simulate import simulate
+from asyncflow.simulate.calibrate import Calibration, TaskFit, calibrate, fit
+from asyncflow.simulate.costs import device
+
+from shared_runs import SHRINK, cli, shipped_run
+
+ROOT = Path(__file__).resolve().parents[1]
+LONGTAIL = str(ROOT / "pipelines" / "sim_longtail.yaml")
+SETS = [v for v in SHRINK["sim_longtail"] if v != "--set"]  # the shared run's settings
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return shipped_run(tmp_path_factory, "sim_longtail.yaml", "local").ok()
+
+
+def test_calibrated_simulation_takes_the_measured_step_time(run):
+    """The shared run's latencies are shrunk to milliseconds: the runtime's own costs dominate
+    its steps, which the uncalibrated simulation leaves out (far too fast); calibrated, the
+    simulation of the run's plan takes its steady step time."""
+    plan = compile_file(LONGTAIL, sets=SETS)
+    c = calibrate(plan, run.out)
+    assert set(c.tasks) == {t.name for t in plan.tasks}
+    assert c.measured_step_s > 0 and c.step_s >= 0
+    with open(os.path.join(run.out, "plan.json")) as f:
+        run_plan = Plan.from_json(f.read())
+    raw = simulate(run_plan).step_time_s
+    fitted = simulate(run_plan, calibration=c).step_time_s
+    assert abs(fitted - c.measured_step_s) <= 0.05 * c.measured_step_s
+    assert abs(fitted - c.measured_step_s) < abs(raw - c.measured_step_s)
+
+
+def test_a_fit_replaces_a_call_cost_and_scales_data_parallel_rows():
+    plan = compile_file(LONGTAIL, sets=["tasks.update.devices_per_replica=2",
+                                        "pools.train.devices=2"])
+    update = plan.task("update")
+    c = Calibration("run", plan.pipeline,
+                    tasks={"update": TaskFit(10, 0.01, 0.004, devices=1, write_s=0.0)})
+    d = device(plan, update, c)
+    assert d.engine is None and d.scale == 1.0
+    assert d.call(10) == pytest.approx(0.01 + 10 * 0.002)  # half a row's time on 2 devices
+    gen = plan.task("generate")  # a sim rollout keeps its per-sample draws
+    assert device(plan, gen, c).latency_of(3) == device(plan, gen).latency_of(3)
+
+
+def test_cli_calibrate_and_its_errors(run, capsys, tmp_path):
+    rc, out = cli(capsys, "simulate", LONGTAIL, *[a for s in SETS for a in ("--set", s)],
+                  "--steps", "3", "--calibrate", run.out)
+    assert rc == 0 and f"calibrated from {run.out}" in out
+    rc, out = cli(capsys, "simulate", LONGTAIL, "--calibrate", run.out, "--sweep",
+                  "split=auto", "--steps", "3")
+    assert rc == 0 and "best split" in out
+    no_trace = tmp_path / "no_trace"
+    no_trace.mkdir()
+    shutil.copy(os.path.join(run.out, "plan.json"), no_trace)
+    rc, out = cli(capsys, "simulate", LONGTAIL, "--calibrate", str(no_trace))
+    assert rc != 0 and "AF643" in out and "no trace.json" in out
+    rc, out = cli(capsys, "simulate", str(ROOT / "benchmarks" / "papers" / "roll_flash.yaml"),
+                  "--calibrate", run.out)
+    assert rc != 0 and "AF644" in out and "plan.json:1:1" in out
+    with pytest.raises(AsyncflowError) as e:  # through the API: coded, in the hierarchy
+        fit(compile_file(LONGTAIL), str(tmp_path / "missing"))
+    assert getattr(e.value, "code", None) == "AF643"
+    assert not isinstance(e.value, UserError)  # the command locates it (AF643 above)
