@@ -278,7 +278,7 @@ class VStore(VLeases):
         while True:
             now = self._clock()
             self._expire_locked(now)
-            rows, popped = select()
+            rows, popped = select() if len(t.elig) >= need else ([], False)  # (none to pop)
             if len(rows) >= need:
                 return rows, popped, now
             if popped:

@@ -156,11 +156,17 @@ class StepReads:
             redundant = self.loop == "train" and self.launch > pps
             g0 = self.next_group if (self.st.replace or redundant) else step * self.launch
             have: set[int] = set()
+            # the window's live rows are the same list until a removal: this replica's share
+            # of them, their set and how many of them ``have`` holds are kept between reads
+            # (not a pass over the whole window on every read)
+            base = live_set = None
+            inside = 0
             while True:
-                g_end, live = self.windows.window(g0)
+                g_end, rows_ = self.windows.window(g0)
                 lo, hi = g0 * spp, g_end * spp
-                if mine is not None:  # this replica's share of the window (possibly none)
-                    live = [r for r in live if mine(r)]
+                if rows_ is not base:
+                    base, live_set = rows_, None
+                    live = rows_ if mine is None else [r for r in rows_ if mine(r)]
                 if redundant:  # whole groups, no row of them removed, until pps are taken
                     counts: dict[int, int] = {}
                     for r in live:
@@ -171,7 +177,10 @@ class StepReads:
                         break
                     want, least, split = max(spp, min(op.rows, need * spp) // spp * spp), spp, None
                 else:
-                    left = len(live) - len(have.intersection(live))
+                    if live_set is None:
+                        live_set = set(live)
+                        inside = len(have.intersection(live_set))
+                    left = len(live) - inside
                     if not left:
                         break
                     # the rest of the window as micro-batches of op.rows, as many in one
@@ -186,7 +195,11 @@ class StepReads:
                     filter_fn=(_Share(lo, spp, k, n) if mine is not None
                                else _AtLeast(lo) if lo and self.task.replicas > 1 else None))
                 for lease in got_:
-                    have.update(lease.rows)
+                    for r in lease.rows:
+                        if r not in have:
+                            have.add(r)
+                            if live_set is not None and r in live_set:
+                                inside += 1
                     yield got(lease)
                 if not got_:
                     yield None
