@@ -59,9 +59,18 @@ def shipped_run(tmp_path_factory, name: str, backend: str) -> Run:
     return _RUNS[key]
 
 
-def cli(capsys, *args: str) -> tuple[int, str]:
-    """``asyncflow ARGS`` in this process (torch, transformers and peft are imported already,
-    a subprocess would import them again): (exit code, stdout + stderr)."""
+@dataclass(frozen=True)
+class CliResult:
+    """What an in-process ``asyncflow`` command returned and printed (stdout, stderr apart)."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli_result(capsys, *args: str) -> CliResult:
+    """``asyncflow ARGS`` in this process, its stdout and stderr apart (a subprocess would
+    import asyncflow, typer, rich and the engines again: seconds a call). Relative paths are
+    read from the current directory (``monkeypatch.chdir`` where a test needs another)."""
     from asyncflow.cli import main
 
     capsys.readouterr()
@@ -69,6 +78,13 @@ def cli(capsys, *args: str) -> tuple[int, str]:
         main(list(args))
         rc = 0
     except SystemExit as e:
-        rc = int(e.code or 0)
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     got = capsys.readouterr()
-    return rc, got.out + got.err
+    return CliResult(rc, got.out, got.err)
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    """``asyncflow ARGS`` in this process (torch, transformers and peft are imported already,
+    a subprocess would import them again): (exit code, stdout + stderr)."""
+    r = cli_result(capsys, *args)
+    return r.returncode, r.stdout + r.stderr
