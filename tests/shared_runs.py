@@ -5,12 +5,14 @@ pipelines/<name> --backend B --steps 3 --quiet``) and only read different facts 
 test_trace_vs_plan.py holds each run's trace against its plan, test_multiturn.py reads the
 agentic pipeline's metrics, test_export.py the Ray run's ``final/``, test_perf_instrumentation.py
 the start-up phases of the sim run. :func:`shipped_run` runs each (pipeline, backend) once per
-pytest session, in a subprocess as the user would, and hands every caller the same
+pytest session, through the CLI's entry point as the user would, and hands every caller the same
 :class:`Run` (read it, never write into it). A failed run fails each test that asks for it,
 with the run's output.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -46,22 +48,59 @@ _RUNS: dict[tuple[str, str], Run] = {}
 def shipped_run(tmp_path_factory, name: str, backend: str) -> Run:
     """``asyncflow run pipelines/<name> --backend <backend> --steps 3 --quiet`` (sim latencies
     shrunk), run once per session from the repository root into a directory of pytest's
-    session-wide ``tmp_path_factory``; the same :class:`Run` after."""
+    session-wide ``tmp_path_factory``; the same :class:`Run` after. The CLI's entry point runs
+    in this process (a subprocess would import torch and the engines again), except for the
+    pipelines of :data:`OWN_PROCESS`."""
     key = (name, backend)
     if key not in _RUNS:
         stem = os.path.splitext(name)[0]
         out = str(tmp_path_factory.mktemp(f"shared-{stem}-{backend}") / "run")
-        cmd = [sys.executable, "-m", "asyncflow.cli", "run", os.path.join(ROOT, "pipelines", name),
-               "--backend", backend, "--out", out, "--quiet", "--steps", str(STEPS),
-               *SHRINK.get(stem, [])]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        _RUNS[key] = Run(out, p.returncode, p.stdout, p.stderr)
+        args = ["run", os.path.join(ROOT, "pipelines", name), "--backend", backend, "--out", out,
+                "--quiet", "--steps", str(STEPS), *SHRINK.get(stem, [])]
+        if any(part in stem for part in OWN_PROCESS):
+            p = subprocess.run([sys.executable, "-m", "asyncflow.cli", *args], capture_output=True,
+                               text=True, timeout=300, cwd=ROOT)
+            _RUNS[key] = Run(out, p.returncode, p.stdout, p.stderr)
+        else:
+            _RUNS[key] = _in_process(out, args)
     return _RUNS[key]
 
 
-def cli(capsys, *args: str) -> tuple[int, str]:
-    """``asyncflow ARGS`` in this process (torch, transformers and peft are imported already,
-    a subprocess would import them again): (exit code, stdout + stderr)."""
+# a DeepSpeed trainer on the local backend makes this process a torch.distributed rank (and
+# sets RANK, WORLD_SIZE, ...): later in-process engines would find it; its run keeps a process
+OWN_PROCESS = ("_deepspeed", "_vllm")
+
+
+def _in_process(out: str, args: list[str]) -> Run:
+    """``asyncflow ARGS`` from the repository root in this process, what it printed kept."""
+    from asyncflow.cli import main
+
+    stdout, stderr, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main(args)
+                rc = 0
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(cwd)
+    return Run(out, rc, stdout.getvalue(), stderr.getvalue())
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What an in-process ``asyncflow`` command returned and printed (stdout, stderr apart)."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli_result(capsys, *args: str) -> CliResult:
+    """``asyncflow ARGS`` in this process, its stdout and stderr apart (a subprocess would
+    import asyncflow, typer, rich and the engines again: seconds a call). Relative paths are
+    read from the current directory (``monkeypatch.chdir`` where a test needs another)."""
     from asyncflow.cli import main
 
     capsys.readouterr()
@@ -69,6 +108,13 @@ def cli(capsys, *args: str) -> tuple[int, str]:
         main(list(args))
         rc = 0
     except SystemExit as e:
-        rc = int(e.code or 0)
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     got = capsys.readouterr()
-    return rc, got.out + got.err
+    return CliResult(rc, got.out, got.err)
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    """``asyncflow ARGS`` in this process (torch, transformers and peft are imported already,
+    a subprocess would import them again): (exit code, stdout + stderr)."""
+    r = cli_result(capsys, *args)
+    return r.returncode, r.stdout + r.stderr

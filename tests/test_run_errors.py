@@ -1,9 +1,8 @@
 """Run-time user errors (AF6xx): located, coded, exit 2, never an internal error."""
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from shared_runs import cli_result
 
 from asyncflow.compiler.pipeline import compile_file
 from asyncflow.errors import UserError
@@ -84,11 +83,10 @@ def test_fewer_prompts_than_the_run_needs_warns_or_is_an_error_with_epochs(tmp_p
     assert d.code == "AF606" and d.loc.line == _line_of(p, "epochs: 3")
 
 
-def test_cli_exits_2_with_the_data_file_line(tmp_path):
+def test_cli_exits_2_with_the_data_file_line(tmp_path, capsys):
     p = _pipeline(tmp_path, '{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n')
-    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", str(p), "--backend", "local",
-                        "--steps", "1", "--out", str(tmp_path / "run"), "--quiet"],
-                       capture_output=True, text=True, timeout=120)
+    r = cli_result(capsys, "run", str(p), "--backend", "local", "--steps", "1", "--out",
+                   str(tmp_path / "run"), "--quiet")
     assert r.returncode == 2, r.stderr
     assert "rows.jsonl:2:1: AF601" in r.stderr and "Traceback" not in r.stderr
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from shared_runs import cli_result
 
 from asyncflow.compiler.pipeline import compile_text
 from asyncflow.rewards import digits_match
@@ -110,16 +109,15 @@ def test_a_resumed_run_keeps_the_earlier_steps(tmp_path):
     assert [r["row"] for r in samples.last(str(tmp_path))] == [30]
 
 
-def test_samples_in_tensorboard_and_the_summary(tmp_path):
+def test_samples_in_tensorboard_and_the_summary(tmp_path, capsys):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     p = tmp_path / "p.yaml"
     p.write_text(plan_text(steps=3))
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", str(p), "--backend",
-                        "local", "--out", str(out), "--quiet", "--log-samples", "1"],
-                       capture_output=True, text=True, timeout=300)
+    r = cli_result(capsys, "run", str(p), "--backend", "local", "--out", str(out), "--quiet",
+                   "--log-samples", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     last = [x for x in rows_of(out / "samples.jsonl") if x["step"] == 2]
     assert f"sample (step 2, row {last[0]['row']}" in r.stdout

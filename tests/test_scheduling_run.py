@@ -33,6 +33,20 @@ SMALL = ["tasks.generate.replicas=1", "pools.rollout.devices=1", "step.prompts_p
          "tasks.update.args.micro_batch=4", "tasks.update.args.seconds_per_sample=0.01"]
 
 
+@pytest.fixture(scope="module")
+def module_ray():
+    """One local Ray for this module's Ray runs (a run joins a Ray already up, and leaves it
+    up: :func:`asyncflow.runtime.ray_connect.ensure_ray`), started as a run starts its own;
+    stopped after the module. Each run still has its own actors, store and placement groups."""
+    pytest.importorskip("ray")
+    from asyncflow.runtime.ray_connect import ensure_ray
+
+    ray, started = ensure_ray()
+    yield ray
+    if started:
+        ray.shutdown()
+
+
 def _latency(seed: int, sigma: float = 1.5, most: float = 1.0) -> str:
     return ("tasks.generate.args.latency={dist: lognormal, median: 0.05, sigma: %s, max: %s, "
             "seed: %d}" % (sigma, most, seed))
@@ -106,7 +120,7 @@ def test_first_ready_trains_each_sample_once_within_alpha(tmp_path_factory, alph
 @pytest.mark.ray
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
 @given(alpha=st.sampled_from([1, 2]), seed=st.integers(0, 10_000))
-def test_first_ready_on_ray(tmp_path_factory, alpha, seed):
+def test_first_ready_on_ray(module_ray, tmp_path_factory, alpha, seed):
     tmp = tmp_path_factory.mktemp("fr_ray")
     plan, driver, result, steps_rows = _run(tmp, SMALL + [
         _latency(seed), f"sync.0.max_staleness={alpha}", "tasks.update.consume=first_ready",
@@ -116,7 +130,10 @@ def test_first_ready_on_ray(tmp_path_factory, alpha, seed):
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
-def test_redundancy_trains_the_first_finished_groups_and_cancels_the_rest(tmp_path, backend):
+def test_redundancy_trains_the_first_finished_groups_and_cancels_the_rest(request, tmp_path,
+                                                                         backend):
+    if backend == "ray":
+        request.getfixturevalue("module_ray")
     plan, driver, result, steps_rows = _run(tmp_path, SMALL + [
         # a heavy tail (some samples 60x the median): the groups left behind are still in the
         # engine when a step's first groups finish, however late the cancel reaches it (Ray)

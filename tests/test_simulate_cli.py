@@ -1,20 +1,24 @@
-"""`asyncflow simulate` and compile's simulated estimate on the command line (subprocess: the
-real entry point)."""
+"""`asyncflow simulate` and compile's simulated estimate on the command line (the CLI's own
+entry point, ``asyncflow.cli.main``, in this process from the repository root: exit code,
+stdout and stderr as a user's shell sees them, without a Python start-up a call)."""
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
+from shared_runs import cli_result
 
 ROOT = Path(__file__).resolve().parent.parent
 LONGTAIL = "pipelines/sim_longtail.yaml"
 
 
-def af(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "asyncflow.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def af(capsys, monkeypatch):
+    """af(*args) -> the CliResult of ``asyncflow ARGS`` run from the repository root."""
+    monkeypatch.chdir(ROOT)  # the paths below are relative to it
+    return lambda *args: cli_result(capsys, *args)
 
 
-def test_json_has_the_language_keys_and_consistent_numbers():
+def test_json_has_the_language_keys_and_consistent_numbers(af):
     r = af("simulate", LONGTAIL, "--json", "--steps", "6")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
@@ -31,7 +35,7 @@ def test_json_has_the_language_keys_and_consistent_numbers():
     assert min(b - a for a, b in zip(d["step_ends_s"], d["step_ends_s"][1:])) >= 0.64 - 1e-9
 
 
-def test_human_output_names_pools_and_utilization():
+def test_human_output_names_pools_and_utilization(af):
     r = af("simulate", LONGTAIL, "--steps", "4")
     assert r.returncode == 0, r.stderr
     for word in ("samples/s, steady state", "step time", "pools", "utilization", "bubble",
@@ -39,7 +43,7 @@ def test_human_output_names_pools_and_utilization():
         assert word in r.stdout, word
 
 
-def test_sweep_over_staleness_orders_the_runs(tmp_path):
+def test_sweep_over_staleness_orders_the_runs(af, tmp_path):
     png = tmp_path / "sweep.png"
     r = af("simulate", LONGTAIL, "--steps", "8", "--json", "--sweep",
            "sync.0.max_staleness=0,2", "-o", str(png))
@@ -52,7 +56,7 @@ def test_sweep_over_staleness_orders_the_runs(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_split_planner_finds_the_best_split_of_the_budget():
+def test_split_planner_finds_the_best_split_of_the_budget(af):
     r = af("simulate", LONGTAIL, "--steps", "6", "--json", "--sweep", "split=auto")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
@@ -72,7 +76,7 @@ def test_split_planner_finds_the_best_split_of_the_budget():
     assert "best split:" in r.stdout
 
 
-def test_bad_sweeps_are_af642():
+def test_bad_sweeps_are_af642(af):
     for spec in ("foo", "split=3:x", "sync.0.max_staleness=", "split=1:1,1:1"):
         r = af("simulate", LONGTAIL, "--sweep", spec)
         assert r.returncode == 2, (spec, r.stdout, r.stderr)
@@ -80,12 +84,12 @@ def test_bad_sweeps_are_af642():
         assert "Traceback" not in r.stderr
 
 
-def test_bad_sweep_value_is_the_compilers_located_error():
+def test_bad_sweep_value_is_the_compilers_located_error(af):
     r = af("simulate", LONGTAIL, "--sweep", "sync.0.max_staleness=1,-1")
     assert r.returncode == 2 and "AF206" in r.stderr and "--set" in r.stderr
 
 
-def test_split_needs_separate_pools(tmp_path):
+def test_split_needs_separate_pools(af, tmp_path):
     text = (ROOT / LONGTAIL).read_text().replace("    pool: train\n", "    pool: rollout\n")
     f = tmp_path / "colocated.yaml"
     f.write_text(text)
@@ -93,28 +97,28 @@ def test_split_needs_separate_pools(tmp_path):
     assert r.returncode == 2 and "AF642" in r.stderr and "share pool" in r.stderr
 
 
-def test_no_cost_hint_is_af640_at_the_rollout():
+def test_no_cost_hint_is_af640_at_the_rollout(af):
     r = af("simulate", "pipelines/grpo_digits.yaml")
     assert r.returncode == 2
     assert "AF640" in r.stderr and "pipelines/grpo_digits.yaml:" in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_usage_errors():
+def test_usage_errors(af):
     assert af("simulate", LONGTAIL, "--steps", "0").returncode == 2
     assert af("simulate", LONGTAIL, "-o", "plot.jpg").returncode == 2
     r = af("simulate", "no/such/file.yaml")
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
-def test_plot_without_sweep(tmp_path):
+def test_plot_without_sweep(af, tmp_path):
     png = tmp_path / "steps.png"
     r = af("simulate", LONGTAIL, "--steps", "4", "-o", str(png))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_compile_estimate_is_simulated_and_closed_form_on_request():
+def test_compile_estimate_is_simulated_and_closed_form_on_request(af):
     r = af("compile", LONGTAIL, "--json")
     assert r.returncode == 0, r.stderr
     est = json.loads(r.stdout)["estimate"]
@@ -128,7 +132,7 @@ def test_compile_estimate_is_simulated_and_closed_form_on_request():
     assert "estimate (steady state, simulated)" in r.stdout
 
 
-def test_multiturn_pipeline_simulates():
+def test_multiturn_pipeline_simulates(af):
     r = af("simulate", "pipelines/agentic_sim.yaml", "--json", "--steps", "4")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)

@@ -51,13 +51,21 @@ def pipeline(tmp: Path) -> Path:
     return p
 
 
+def run_args(tmp: Path, *args: str, backend: str = "local", steps: int = 4,
+              sets=()) -> list[str]:
+    """``run PIPELINE ...``: the arguments of ``asyncflow`` for a run of the shrunk pipeline."""
+    cmd = ["run", str(pipeline(tmp)), "--backend", backend, "--steps", str(steps), "--out",
+           str(tmp / "run"), "--quiet"]
+    for s in list(SETS) + list(sets):
+        cmd += ["--set", s]
+    return cmd + list(args)
+
+
 def run_cli(tmp: Path, *args: str, backend: str = "local", steps: int = 4, sets=(),
             timeout: float = 150) -> tuple[subprocess.CompletedProcess, float]:
     """The CLI on the shrunk pipeline; ``r.marker`` tags its processes (:func:`no_orphans`)."""
-    cmd = [sys.executable, "-m", "asyncflow.cli", "run", str(pipeline(tmp)), "--backend", backend,
-           "--steps", str(steps), "--out", str(tmp / "run"), "--quiet"]
-    for s in list(SETS) + list(sets):
-        cmd += ["--set", s]
+    cmd = [sys.executable, "-m", "asyncflow.cli", *run_args(tmp, backend=backend, steps=steps,
+                                                             sets=sets)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
     env["ASYNCFLOW_TEST_RUN"] = marker = uuid.uuid4().hex

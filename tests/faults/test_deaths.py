@@ -17,8 +17,11 @@ def _workers(tmp_path) -> dict:
 def test_sigkill_one_of_several_rollout_workers_on_ray(tmp_path):
     # kill@step2 strikes when generate/1 computes its first rows of step >= 2; with 6 steps, on
     # a loaded machine the other replicas could lease every row of steps 2-5 first, so the kill
-    # never struck (restarts 0, seen under load): 8 steps give it twice as many rows to meet
-    r, wall = run_cli(tmp_path, "--inject", "kill@step2:generate/1", backend="ray", steps=8)
+    # never struck (restarts 0, seen under load): 8 steps give it twice as many rows to meet,
+    # and 4 slots a replica (16 in all, half a step's 32 rows) leave every replica work at
+    # every step, as in test_max_restarts_0_makes_a_death_fatal
+    r, wall = run_cli(tmp_path, "--inject", "kill@step2:generate/1", backend="ray", steps=8,
+                      sets=["tasks.generate.args.slots=4"])
     assert r.returncode == 0, r.stderr[-3000:]
     check_rows(tmp_path / "run", 8)
     w = _workers(tmp_path)
@@ -84,10 +87,11 @@ def test_out_of_memory_in_a_worker_restarts_it(tmp_path):
 
 @pytest.mark.parametrize("target,what", [("control", "control actor"), ("store/0", "sample store")])
 def test_losing_an_actor_is_an_error_with_the_records_written(tmp_path, target, what):
-    r, wall = run_cli(tmp_path, "--inject", f"kill@step1:{target}", backend="ray", steps=6)
+    r, _ = run_cli(tmp_path, "--inject", f"kill@step1:{target}", backend="ray", steps=6)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "AF632" in r.stderr and what in r.stderr, r.stderr[-3000:]
     run = tmp_path / "run"
     assert (run / "trace.json").exists() and (run / "workers.json").exists()
-    assert wall < 90
+    # the lost actor is an error, not a hang: a run that waited on it forever fails in
+    # run_cli's timeout (the wall time itself is no claim: a loaded machine stretches it)
     no_orphans(r.marker)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.common import run_cli
+from tests.faults.common import run_args, run_cli
+from tests.shared_runs import cli_result
 
 CASES = {"nan": "AF612", "text": "AF612", "boom": "AF610", "bye": "AF610"}
 
@@ -40,6 +41,8 @@ def test_injected_user_faults(tmp_path, spec, code):
     ("kill@step1:nope", "target 'nope'"), ("kill@step1:generate/9", "target 'generate/9'"),
     ("hang@step1:control", "target 'control'"), ("kill@step1", "'step1'"),
     ("kill@step99:score", "when 'step99'")])
-def test_bad_inject_spec_is_a_usage_error(tmp_path, spec, part):
-    r, _ = run_cli(tmp_path, "--inject", spec, steps=4)
+def test_bad_inject_spec_is_a_usage_error(tmp_path, capsys, monkeypatch, spec, part):
+    # refused before a worker starts: the CLI's entry point in this process is enough
+    monkeypatch.chdir(tmp_path)
+    r = cli_result(capsys, *run_args(tmp_path, "--inject", spec, steps=4))
     assert r.returncode == 2 and "AF634" in r.stderr and part in r.stderr, r.stderr[-2000:]
