@@ -12,20 +12,25 @@ import pytest
 
 from asyncflow.runtime import checkpoint
 
+from shared_runs import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 SIM = str(ROOT / "pipelines" / "sim_longtail.yaml")
 FAST = ["--set", "tasks.generate.args.latency.max=0.02", "--set",
         "tasks.update.args.seconds_per_sample=0.0002"]
 
 
-def run(*args, timeout=120):
-    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", SIM, "--backend", "local",
-                        "--quiet", *FAST, *args], capture_output=True, text=True, timeout=timeout,
-                       cwd=ROOT)
-    return r.returncode, r.stdout + r.stderr
+@pytest.fixture
+def run(capsys):
+    """``asyncflow run`` of the sim pipeline (local backend, fast) in this process: (exit code,
+    output). Several runs into one directory in one process also check that a run releases
+    the directory's lock when it ends (a held lock would be AF623 naming this process)."""
+    def go(*args):
+        return cli(capsys, "run", SIM, "--backend", "local", "--quiet", *FAST, *args)
+    return go
 
 
-def test_out_into_a_run_needs_resume_or_force(tmp_path):
+def test_out_into_a_run_needs_resume_or_force(run, tmp_path):
     d = tmp_path / "run"
     assert run("--steps", "2", "--out", str(d))[0] == 0
     before = (d / "metrics.jsonl").read_text()
@@ -39,7 +44,7 @@ def test_out_into_a_run_needs_resume_or_force(tmp_path):
     assert (d / "notes.txt").read_text() == "mine"  # not asyncflow's: kept
 
 
-def test_resume_of_nothing_is_an_error(tmp_path):
+def test_resume_of_nothing_is_an_error(run, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     for d in (empty, tmp_path / "missing"):
@@ -51,7 +56,7 @@ def test_resume_of_nothing_is_an_error(tmp_path):
     assert rc == 2 and "AF620" in out and "--checkpoint-every" in out, out
 
 
-def test_resume_refuses_a_changed_plan_unless_forced_and_checkpoints_hold_no_pickle(tmp_path):
+def test_resume_refuses_a_changed_plan_unless_forced_and_checkpoints_hold_no_pickle(run, tmp_path):
     d = tmp_path / "run"
     assert run("--steps", "4", "--checkpoint-every", "1", "--out", str(d))[0] == 0
     rc, out = run("--resume", str(d), "--steps", "5", "--set", "sync.0.max_staleness=1")
@@ -67,7 +72,7 @@ def test_resume_refuses_a_changed_plan_unless_forced_and_checkpoints_hold_no_pic
     assert json.loads((Path(ck) / "plan.json").read_text())["pipeline"] == "sim_longtail"
 
 
-def test_an_unreadable_newest_checkpoint_falls_back_saying_so(tmp_path):
+def test_an_unreadable_newest_checkpoint_falls_back_saying_so(run, tmp_path):
     d = tmp_path / "run"
     assert run("--steps", "4", "--checkpoint-every", "1", "--out", str(d))[0] == 0
     newest = checkpoint.checkpoints(str(d))[0]
@@ -79,7 +84,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_saying_so(tmp_path):
     assert log[-1]["skipped"][0][0] == os.path.basename(newest)
 
 
-def test_two_runs_cannot_share_a_directory(tmp_path):
+def test_two_runs_cannot_share_a_directory(run, tmp_path):
     d = tmp_path / "run"
     slow = ["--set", "tasks.update.args.seconds_per_sample=0.01"]
     first = subprocess.Popen([sys.executable, "-m", "asyncflow.cli", "run", SIM, "--backend",
@@ -99,7 +104,7 @@ def test_two_runs_cannot_share_a_directory(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["", "x"])
-def test_force_is_not_needed_for_a_fresh_directory(tmp_path, bad):
+def test_force_is_not_needed_for_a_fresh_directory(run, tmp_path, bad):
     d = tmp_path / f"fresh{bad}"
     if bad:
         d.mkdir()
@@ -107,7 +112,7 @@ def test_force_is_not_needed_for_a_fresh_directory(tmp_path, bad):
     assert run("--steps", "1", "--out", str(d))[0] == 0
 
 
-def test_force_removes_only_what_asyncflow_wrote(tmp_path):
+def test_force_removes_only_what_asyncflow_wrote(run, tmp_path):
     """--force removes the entries of the run directory's manifest (what earlier asyncflow
     runs there made), nothing else: a directory whose run files no manifest lists is the
     user's, and --force refuses it (AF624) leaving every file as it was."""

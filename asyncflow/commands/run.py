@@ -156,65 +156,68 @@ def register(app: typer.Typer) -> None:
         from asyncflow.runtime import rundir
 
         claim = rundir.claim(run_dir, plan, resume=resume is not None, force=force)  # AF62x
-        for note in claim.notes:
-            err.print(note, style="yellow", markup=False)
-        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                            TextColumn("{task.completed}/{task.total}"),
-                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                            console=err, disable=quiet, transient=False)
-        bar = progress.add_task(f"{plan.pipeline}", total=total, info="starting workers")
+        try:  # the lock is released when this run ends, also inside a longer-lived process
+            for note in claim.notes:
+                err.print(note, style="yellow", markup=False)
+            progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total}"),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                console=err, disable=quiet, transient=False)
+            bar = progress.add_task(f"{plan.pipeline}", total=total, info="starting workers")
 
-        def on_step(m: dict) -> None:
-            info = (f"{_fmt(m.get('samples_per_s'), '.1f')} samples/s  "
-                    f"reward {_fmt(m.get('reward_mean'))}  "
-                    f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max')}")
-            progress.update(bar, completed=m["step"] + 1, info=info)
+            def on_step(m: dict) -> None:
+                info = (f"{_fmt(m.get('samples_per_s'), '.1f')} samples/s  "
+                        f"reward {_fmt(m.get('reward_mean'))}  "
+                        f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max')}")
+                progress.update(bar, completed=m["step"] + 1, info=info)
 
-        # steps: the plan already runs them (with_steps above), so not again here
-        options = RunOptions(backend=backend, address=address, lease_s=lease_s,
-                             shards=store_shards, checkpoint_every=checkpoint_every,
-                             keep_checkpoints=keep_checkpoints, resume=resume is not None,
-                             max_restarts=max_restarts, stall_timeout=stall_timeout,
-                             inject=tuple(faults), **env)
-        driver = Driver(plan, out_dir=run_dir, run=options, on_step=on_step)
-        import asyncflow
+            # steps: the plan already runs them (with_steps above), so not again here
+            options = RunOptions(backend=backend, address=address, lease_s=lease_s,
+                                 shards=store_shards, checkpoint_every=checkpoint_every,
+                                 keep_checkpoints=keep_checkpoints, resume=resume is not None,
+                                 max_restarts=max_restarts, stall_timeout=stall_timeout,
+                                 inject=tuple(faults), **env)
+            driver = Driver(plan, out_dir=run_dir, run=options, on_step=on_step)
+            import asyncflow
 
-        driver.process_start = asyncflow.STARTED
-        driver.options["log_samples"] = log_samples  # samples.jsonl (runtime/samples.py)
-        driver.loggers = logs
-        logs.start(loggers.run_config(plan.to_dict(), backend=backend, run_dir=run_dir,
-                                      steps=total))  # AF672: a logger that cannot start
-        status = "failed"  # what the loggers are told at the end
-        interrupted = False
+            driver.process_start = asyncflow.STARTED
+            driver.options["log_samples"] = log_samples  # samples.jsonl (runtime/samples.py)
+            driver.loggers = logs
+            logs.start(loggers.run_config(plan.to_dict(), backend=backend, run_dir=run_dir,
+                                          steps=total))  # AF672: a logger that cannot start
+            status = "failed"  # what the loggers are told at the end
+            interrupted = False
 
-        def on_term(signum, frame):  # `kill`, `timeout`, a scheduler: stop as cleanly as Ctrl-C
-            raise KeyboardInterrupt
+            def on_term(signum, frame):  # `kill`, `timeout`, a scheduler: stop as cleanly as Ctrl-C
+                raise KeyboardInterrupt
 
-        import signal
+            import signal
 
-        previous = signal.signal(signal.SIGTERM, on_term)
-        try:
-            with progress:
-                result = driver.run()
-            status = "finished"
-        except KeyboardInterrupt:
-            interrupted, status = True, "interrupted"
-            result = getattr(driver, "result", None)
-        except RunError as e:
-            err.print(f"run failed: {e}", style="red", markup=False)
-            if state(ctx).debug and e.details:
-                err.print(e.details, markup=False)
-            raise typer.Exit(1)
+            previous = signal.signal(signal.SIGTERM, on_term)
+            try:
+                with progress:
+                    result = driver.run()
+                status = "finished"
+            except KeyboardInterrupt:
+                interrupted, status = True, "interrupted"
+                result = getattr(driver, "result", None)
+            except RunError as e:
+                err.print(f"run failed: {e}", style="red", markup=False)
+                if state(ctx).debug and e.details:
+                    err.print(e.details, markup=False)
+                raise typer.Exit(1)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+                logs.finish(status)
+            if result is not None:
+                _summary(out, result, run_dir, Table)
+                _samples_and_logs(out, run_dir, logs)
+            if interrupted:
+                err.print(f"interrupted: workers stopped; partial trace and metrics in {run_dir}",
+                          style="yellow", markup=False)
+                raise typer.Exit(130)
         finally:
-            signal.signal(signal.SIGTERM, previous)
-            logs.finish(status)
-        if result is not None:
-            _summary(out, result, run_dir, Table)
-            _samples_and_logs(out, run_dir, logs)
-        if interrupted:
-            err.print(f"interrupted: workers stopped; partial trace and metrics in {run_dir}",
-                      style="yellow", markup=False)
-            raise typer.Exit(130)
+            claim.release()
 
 
 def _eval_rows(evals: list[dict]) -> list[tuple[str, str]]:
