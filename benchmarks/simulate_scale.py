@@ -229,8 +229,14 @@ def main(argv=None) -> int:
     for r in rows:
         if r["devices"] == 1024 and r["steps"] >= 20:
             s = r["build_s"] + r["simulate_s"]
-            print(f"1,024 devices x {r['steps']} steps: {s:.1f} s simulated wall (goal < 30 s): "
-                  f"{'met' if s < 30 else 'NOT met'}")
+            per = r["samples"] // (r["steps"] * 1024)
+            if per >= 16:  # the goal: 16,384 samples a step (16 a device)
+                print(f"1,024 devices x {per} samples x {r['steps']} steps: {s:.1f} s wall, "
+                      f"{r['samples'] / s if s else 0:,.0f} simulated samples/s (goal: < 30 s, "
+                      f">= 50,000/s): {'met' if s < 30 and r['samples'] / s >= 50_000 else 'NOT met'}")
+            else:
+                print(f"1,024 devices x {per} samples x {r['steps']} steps: {s:.1f} s wall (the "
+                      "goal is at --per-device 16)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)
