@@ -21,9 +21,7 @@ version bound skip (and put back) the eligible rows they pass over.
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from heapq import heappush
 from typing import Any, Callable
 
@@ -40,28 +38,19 @@ class VStore(VLeases, StoreBase):
     frame) is :class:`~asyncflow.runtime.store.base.StoreBase`."""
 
     def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
-        self.lease_s = float(lease_s)
-        self._clock = clock
-        self._cv = threading.Condition()
+        self._init_state(lease_s, clock)
         self._row: list[int] = []  # position -> row
         self._group: list[int] = []
         self._version: list[int] = []
         self._dropped = bytearray()
         self._freed = bytearray()
         self._pos: dict[int, int] | None = None  # row -> position; None while position == row
-        self._next_row = 0
-        self._data: dict[str, list] = {}
         self._ready: dict[str, bytearray] = {}
-        self._tasks: dict[str, VTask] = {}
+        self._tasks: dict[str, VTask]
         self._readers: dict[str, list[VTask]] = {}  # field -> the tasks it is an input of
-        self._leases: dict[int, VLease] = {}
-        self._heap: list[tuple[float, int]] = []  # (deadline, lease id)
-        self._next_lease = 1
-        self._drops: Counter = Counter()
-        self._counters: Counter = Counter()
+        self._leases: dict[int, VLease]
         self._done: list[int] = []  # position -> tasks that consumed it
         self._gc_cand: list[int] = []  # positions that may be freeable
-        self._changes = 0
         self._waiters = 0  # reads waiting on _cv (a write notifies only when there are some)
 
     # ------------------------------------------------------------------ positions

@@ -19,7 +19,10 @@ the plain-data frame of a snapshot. Each store supplies the parts that differ, o
 """
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from heapq import heappop, heappush
+from typing import Callable
 
 from asyncflow.runtime.store.common import SNAPSHOT_FORMAT, Lease, StoreError
 
@@ -29,6 +32,25 @@ STAT_COUNTERS = ("leases_reissued", "rows_reissued", "stale_acks", "stale_writes
 
 class StoreBase:
     """The methods both in-process stores share (module docstring)."""
+
+    def _init_state(self, lease_s: float, clock: Callable[[], float]) -> None:
+        """The state every in-process store keeps the same way (its rows and marks are its own)."""
+        self.lease_s = float(lease_s)
+        self._clock = clock
+        self._cv = threading.Condition()
+        self._next_row = 0
+        self._data: dict[str, list] = {}  # field -> values by position
+        self._tasks: dict = {}  # task name -> its marks
+        self._leases: dict = {}  # lease id -> live lease record
+        self._heap: list[tuple[float, int]] = []  # (deadline, lease id)
+        self._next_lease = 1
+        self._drops: Counter = Counter()
+        self._counters: Counter = Counter()  # leases_reissued, rows_reissued, stale_acks, ...
+        self._changes = 0  # bumped whenever rows may have become eligible (long polls watch it)
+
+    def _record(self, lease_id: int | Lease):
+        """The live lease record ``lease_id`` names (a :class:`Lease` or its id), else None."""
+        return self._leases.get(getattr(lease_id, "id", lease_id))
 
     # ------------------------------------------------------------------ tasks, writing
     def _task(self, task: str):
@@ -88,7 +110,7 @@ class StoreBase:
 
     def _acked(self, lease_id: int | Lease):
         """The live lease an ack names; None (counted as a stale ack) if it is not live."""
-        rec = self._leases.get(getattr(lease_id, "id", lease_id))
+        rec = self._record(lease_id)
         if rec is None:
             self._counters["stale_acks"] += 1
         return rec
@@ -123,7 +145,7 @@ class StoreBase:
     def release_rows(self, lease_id: int | Lease, rows: list[int]) -> bool:
         """Give some of a live lease's rows back unconsumed; the rest stay leased."""
         with self._cv:
-            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            rec = self._record(lease_id)
             if rec is None:
                 return False
             pos, keep = self._part(rec, rows)
@@ -139,7 +161,7 @@ class StoreBase:
     def lease_rows(self, lease_id: int | Lease) -> list[int] | None:
         """The rows lease ``lease_id`` still holds (None when it is not live)."""
         with self._cv:
-            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            rec = self._record(lease_id)
             return None if rec is None else list(rec.rows)
 
     def renew(self, lease_id: int | Lease, lease_s: float | None = None) -> bool:

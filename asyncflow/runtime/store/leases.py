@@ -46,7 +46,7 @@ class Leases:
         """Give back the rows of a live lease that are not in ``keep``; the lease keeps the
         others (a sharded store's handle asked every shard for more than it took)."""
         with self._cv:
-            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            rec = self._record(lease_id)
             if rec is None:
                 return False
             mask = np.isin(np.asarray(rec.rows, np.int64), np.asarray(keep, np.int64))
@@ -62,7 +62,7 @@ class Leases:
         ``leases_restored``, and what :meth:`expire` and :meth:`revoke` return). False if the
         lease is not live."""
         with self._cv:
-            rec = self._leases.get(getattr(lease_id, "id", lease_id))
+            rec = self._record(lease_id)
             if rec is None:
                 return False
             rec.counted = False

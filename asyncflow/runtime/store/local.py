@@ -34,9 +34,7 @@ waits on it. No Ray here: :mod:`asyncflow.runtime.store.ray` shards this class a
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from typing import Callable
 
 import numpy as np
@@ -56,9 +54,7 @@ class SampleStore(Reads, Leases, StoreBase):
     :class:`~asyncflow.runtime.store.base.StoreBase`."""
 
     def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
-        self.lease_s = float(lease_s)
-        self._clock = clock
-        self._cv = threading.Condition()
+        self._init_state(lease_s, clock)
         self._n = 0  # local rows (positions 0.._n-1)
         self._cap = 0
         self._row = np.empty(0, np.int64)  # position -> global row index
@@ -69,17 +65,10 @@ class SampleStore(Reads, Leases, StoreBase):
         self._identity = True  # position == row for every row so far (no sharding)
         self._sorted = True  # rows were added in ascending order
         self._pos: dict[int, int] = {}  # row -> position, only when not _identity
-        self._next_row = 0
-        self._data: dict[str, list] = {}
         self._ready: dict[str, np.ndarray] = {}
-        self._tasks: dict[str, TaskMarks] = {}
-        self._leases: dict[int, LeaseRecord] = {}
-        self._heap: list[tuple[float, int]] = []  # (deadline, lease id)
-        self._next_lease = 1
-        self._drops: Counter = Counter()
+        self._tasks: dict[str, TaskMarks]
+        self._leases: dict[int, LeaseRecord]
         self._gc_floor = 0
-        self._changes = 0  # bumped whenever rows may have become eligible (long polls watch it)
-        self._counters = Counter()  # leases_reissued, rows_reissued, stale_acks, stale_writes, ...
 
     # ------------------------------------------------------------------ capacity, positions
     def _grow(self, need: int) -> None:
