@@ -21,46 +21,36 @@ version bound skip (and put back) the eligible rows they pass over.
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from heapq import heappush
 from typing import Any, Callable
 
-from asyncflow.runtime.store.common import (SNAPSHOT_FORMAT, UNSET, Lease, StoreError,
-                                            check_new_rows)
+from asyncflow.runtime.store.base import StoreBase
+from asyncflow.runtime.store.common import UNSET, Lease, StoreError, check_new_rows
 from asyncflow.simulate.vstore_leases import VLeases
 from asyncflow.simulate.vstore_task import VLease, VTask, select_groups
 
 
-class VStore(VLeases):
-    """Event-indexed in-process store (module docstring); a drop-in for SampleStore. Its lease
-    lifecycle (acks, releases, renewals, revokes, expiry) is
-    :class:`~asyncflow.simulate.vstore_leases.VLeases`."""
+class VStore(VLeases, StoreBase):
+    """Event-indexed in-process store (module docstring); a drop-in for SampleStore. How its
+    indexes follow a lease's rows is :class:`~asyncflow.simulate.vstore_leases.VLeases`; what
+    it shares with SampleStore (the lease lifecycle, ``write``, inspection, the snapshot's
+    frame) is :class:`~asyncflow.runtime.store.base.StoreBase`."""
 
     def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
-        self.lease_s = float(lease_s)
-        self._clock = clock
-        self._cv = threading.Condition()
+        self._init_state(lease_s, clock)
         self._row: list[int] = []  # position -> row
         self._group: list[int] = []
         self._version: list[int] = []
         self._dropped = bytearray()
         self._freed = bytearray()
         self._pos: dict[int, int] | None = None  # row -> position; None while position == row
-        self._next_row = 0
-        self._data: dict[str, list] = {}
         self._ready: dict[str, bytearray] = {}
-        self._tasks: dict[str, VTask] = {}
+        self._tasks: dict[str, VTask]
         self._readers: dict[str, list[VTask]] = {}  # field -> the tasks it is an input of
-        self._leases: dict[int, VLease] = {}
-        self._heap: list[tuple[float, int]] = []  # (deadline, lease id)
-        self._next_lease = 1
-        self._drops: Counter = Counter()
-        self._counters: Counter = Counter()
+        self._leases: dict[int, VLease]
         self._done: list[int] = []  # position -> tasks that consumed it
         self._gc_cand: list[int] = []  # positions that may be freeable
-        self._changes = 0
         self._waiters = 0  # reads waiting on _cv (a write notifies only when there are some)
 
     # ------------------------------------------------------------------ positions
@@ -80,12 +70,6 @@ class VStore(VLeases):
 
     def _p(self, row: int) -> int:
         return row if self._pos is None else self._pos[row]
-
-    def _task(self, task: str) -> VTask:
-        try:
-            return self._tasks[task]
-        except KeyError:
-            raise StoreError(f"unknown task {task!r}; register_task it first") from None
 
     def _recheck(self, t: VTask, pos) -> None:
         """Positions ``pos`` may have become eligible for ``t``: those that are, join its set."""
@@ -109,18 +93,11 @@ class VStore(VLeases):
                     t.add(rr, group[p])
 
     # ------------------------------------------------------------------ writing
-    def register_task(self, task: str, inputs: list[str]) -> None:
-        inputs = tuple(inputs)
-        with self._cv:
-            t = self._tasks.get(task)
-            if t is not None:
-                if t.inputs != inputs:
-                    raise StoreError(f"task {task!r} already registered with inputs {list(t.inputs)}")
-                return
-            t = self._tasks[task] = VTask(task, inputs, len(self._row))
-            for f in set(inputs):
-                self._readers.setdefault(f, []).append(t)
-            self._recheck(t, range(len(self._row)))
+    def _new_task(self, task: str, inputs: tuple[str, ...]) -> None:
+        t = self._tasks[task] = VTask(task, inputs, len(self._row))
+        for f in set(inputs):
+            self._readers.setdefault(f, []).append(t)
+        self._recheck(t, range(len(self._row)))
 
     def add_rows(self, columns: dict[str, list], groups: list[int],
                  versions: list[int] | None = None, *, rows: list[int] | None = None) -> list[int]:
@@ -170,14 +147,6 @@ class VStore(VLeases):
                 t.tidy()
             self._changed()
             return new
-
-    def write(self, rows: list[int], columns: dict[str, list], *, lease_id: int | None = None) -> bool:
-        with self._cv:
-            if lease_id is not None and lease_id not in self._leases:
-                self._counters["stale_writes"] += 1
-                return False
-            self._write_pos(self._positions(rows), columns)
-            return True
 
     def _write_pos(self, pos: list[int], columns: dict[str, list]) -> None:
         k = len(pos)
@@ -234,10 +203,6 @@ class VStore(VLeases):
     def all_freed(self, rows) -> bool:
         with self._cv:
             return all(self._freed[p] for p in self._positions(rows))
-
-    def start_rows_at(self, first_row: int) -> None:
-        with self._cv:
-            self._next_row = max(self._next_row, int(first_row))
 
     # ------------------------------------------------------------------ reads
     def _ok(self, min_version, filter_fn):
@@ -386,35 +351,14 @@ class VStore(VLeases):
             return len(new)
 
     # ------------------------------------------------------------------ inspection
-    def consumed(self, task: str) -> list[int]:
-        with self._cv:
-            return [r for _, rows in self._task(task).order for r in rows]
+    def _n_rows(self) -> int:
+        return len(self._row)
 
-    def consumed_log(self, task: str) -> list[tuple[float, list[int]]]:
-        with self._cv:
-            return [(ts, list(rows)) for ts, rows in self._task(task).order]
+    def _n_freed(self) -> int:
+        return sum(self._freed)
 
-    def drop_counts(self) -> dict[str, int]:
-        with self._cv:
-            return {k: int(v) for k, v in self._drops.items() if v}
-
-    def pending(self, task: str) -> int:
-        with self._cv:
-            return len(self._task(task).elig)
-
-    def stats(self) -> dict:
-        with self._cv:
-            c = self._counters
-            return {
-                "rows": len(self._row),
-                "freed": sum(self._freed),
-                "tasks": {name: {"consumed": t.n_consumed, "leased": t.n_held,
-                                 "ready": len(t.elig)} for name, t in self._tasks.items()},
-                "drops": dict(self._drops),
-                "leases_live": len(self._leases),
-                **{k: c[k] for k in ("leases_reissued", "rows_reissued", "stale_acks",
-                                     "stale_writes", "leases_restored", "leases_revoked")},
-            }
+    def _n_ready(self, t: VTask) -> int:
+        return len(t.elig)
 
     def gc(self) -> int:
         """Free the values of rows every task consumed (or that were dropped) and no lease
@@ -452,27 +396,15 @@ class VStore(VLeases):
                 pos = [p for p in range(len(self._row)) if ready[p]]
                 fields[f] = {"rows": [self._row[p] for p in pos], "values": [col[p] for p in pos]}
             n = len(self._row)
-            return {
-                "format": SNAPSHOT_FORMAT, "lease_s": self.lease_s, "next_row": self._next_row,
-                "next_lease": self._next_lease, "rows": list(self._row),
-                "groups": list(self._group),
-                "versions": [None if v == UNSET else v for v in self._version],
-                "fields": fields,
-                "dropped": [self._row[p] for p in range(n) if self._dropped[p]],
-                "freed": [self._row[p] for p in range(n) if self._freed[p]],
-                "drops": dict(self._drops),
-                "tasks": {name: {"inputs": list(t.inputs),
-                                 "consumed": [[ts, list(r)] for ts, r in t.order]}
-                          for name, t in self._tasks.items()},
-                "leases": [{"id": rec.id, "task": rec.task.name, "rows": list(rec.rows),
-                            "counted": True} for rec in self._leases.values()],
-                "counters": dict(self._counters),
-            }
+            return self._snapshot_frame(
+                list(self._row), list(self._group),
+                [None if v == UNSET else v for v in self._version], fields,
+                [self._row[p] for p in range(n) if self._dropped[p]],
+                [self._row[p] for p in range(n) if self._freed[p]])
 
     @classmethod
     def restore(cls, d: dict, **kwargs) -> "VStore":
-        if d.get("format") != SNAPSHOT_FORMAT:
-            raise StoreError(f"snapshot format {d.get('format')!r} is not {SNAPSHOT_FORMAT}")
+        cls.check_snapshot(d)
         s = cls(d.get("lease_s", 60.0), **kwargs)
         s.add_rows({}, d["groups"], d["versions"], rows=d["rows"])
         with s._cv:
@@ -486,11 +418,7 @@ class VStore(VLeases):
                 s._dropped[p] = 1
             for p in s._positions(d["freed"]):
                 s._freed[p] = 1
-            s._drops.update(d["drops"])
-            s._counters.update(d.get("counters", {}))
-            s._counters["leases_restored"] += sum(bool(x.get("counted", True)) for x in d["leases"])
-            s._next_row = max(s._next_row, d["next_row"])
-            s._next_lease = d["next_lease"]
+            s._restore_counts(d)
         for name, td in d["tasks"].items():
             s.register_task(name, td["inputs"])  # eligibility below, once marks are in
         with s._cv:

@@ -13,6 +13,7 @@ class VLease:
     """A live lease (its task, positions, rows, deadline, owner)."""
 
     __slots__ = ("id", "task", "pos", "rows", "deadline", "owner")
+    counted = True  # the simulator's store is never a shard: every lease counts
 
     def __init__(self, id: int, task: "VTask", pos: list[int], rows: list[int], deadline: float,
                  owner: str | None):

@@ -5,8 +5,10 @@ module          what it holds
 ==============  ==================================================================
 ``protocol``    :class:`Store`, the seam every store implements
 ``common``      errors, :class:`Lease`, the checks and list helpers both backends share
+``base``        ``StoreBase``: what the in-process store and the simulator's share (lease
+                lifecycle, ``write``, inspection, the snapshot's frame)
 ``local``       :class:`SampleStore`, in process (``select``: its reads; ``leases``: its
-                lease lifecycle)
+                marks' lease bookkeeping)
 ``codec``       column types and how columns travel between a handle and its shards
 ``ray``         ``RayStore``, sharded over Ray actors (``shard``: one shard; ``ray_reads``:
                 reads across shards; ``remote``: what handle and shards share)

@@ -34,28 +34,27 @@ waits on it. No Ray here: :mod:`asyncflow.runtime.store.ray` shards this class a
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from typing import Callable
 
 import numpy as np
 
-from asyncflow.runtime.store.common import (SNAPSHOT_FORMAT, UNSET, LeaseRecord, StoreError,
+from asyncflow.runtime.store.base import StoreBase
+from asyncflow.runtime.store.common import (UNSET, LeaseRecord, StoreError,
                                             TaskMarks, check_new_rows, put, take)
 from asyncflow.runtime.store.leases import Leases
 from asyncflow.runtime.store.select import Reads
 
 
-class SampleStore(Reads, Leases):
+class SampleStore(Reads, Leases, StoreBase):
     """In-process sample store; see the module docstring for the rules. Its reads are
-    :class:`~asyncflow.runtime.store.select.Reads`, its lease lifecycle
-    :class:`~asyncflow.runtime.store.leases.Leases`."""
+    :class:`~asyncflow.runtime.store.select.Reads`, its marks' lease bookkeeping
+    :class:`~asyncflow.runtime.store.leases.Leases`, and what it shares with the simulator's
+    store (the lease lifecycle, ``write``, inspection)
+    :class:`~asyncflow.runtime.store.base.StoreBase`."""
 
     def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
-        self.lease_s = float(lease_s)
-        self._clock = clock
-        self._cv = threading.Condition()
+        self._init_state(lease_s, clock)
         self._n = 0  # local rows (positions 0.._n-1)
         self._cap = 0
         self._row = np.empty(0, np.int64)  # position -> global row index
@@ -66,17 +65,10 @@ class SampleStore(Reads, Leases):
         self._identity = True  # position == row for every row so far (no sharding)
         self._sorted = True  # rows were added in ascending order
         self._pos: dict[int, int] = {}  # row -> position, only when not _identity
-        self._next_row = 0
-        self._data: dict[str, list] = {}
         self._ready: dict[str, np.ndarray] = {}
-        self._tasks: dict[str, TaskMarks] = {}
-        self._leases: dict[int, LeaseRecord] = {}
-        self._heap: list[tuple[float, int]] = []  # (deadline, lease id)
-        self._next_lease = 1
-        self._drops: Counter = Counter()
+        self._tasks: dict[str, TaskMarks]
+        self._leases: dict[int, LeaseRecord]
         self._gc_floor = 0
-        self._changes = 0  # bumped whenever rows may have become eligible (long polls watch it)
-        self._counters = Counter()  # leases_reissued, rows_reissued, stale_acks, stale_writes, ...
 
     # ------------------------------------------------------------------ capacity, positions
     def _grow(self, need: int) -> None:
@@ -111,23 +103,9 @@ class SampleStore(Reads, Leases):
         except KeyError as e:
             raise StoreError(f"unknown row {e.args[0]}") from None
 
-    def _task(self, task: str) -> TaskMarks:
-        try:
-            return self._tasks[task]
-        except KeyError:
-            raise StoreError(f"unknown task {task!r}; register_task it first") from None
-
     # ------------------------------------------------------------------ writing
-    def register_task(self, task: str, inputs: list[str]) -> None:
-        """Declare a consuming task and the fields a row needs before the task may get it."""
-        inputs = tuple(inputs)
-        with self._cv:
-            t = self._tasks.get(task)
-            if t is not None:
-                if t.inputs != inputs:
-                    raise StoreError(f"task {task!r} already registered with inputs {list(t.inputs)}")
-                return
-            self._tasks[task] = TaskMarks(task, inputs, self._cap)
+    def _new_task(self, task: str, inputs: tuple[str, ...]) -> None:
+        self._tasks[task] = TaskMarks(task, inputs, self._cap)
 
     def add_rows(
         self,
@@ -188,19 +166,6 @@ class SampleStore(Reads, Leases):
             self._cv.notify_all()
             return rows_arr.tolist()
 
-    def write(self, rows: list[int], columns: dict[str, list], *, lease_id: int | None = None) -> bool:
-        """Set fields on existing rows (their ready bits). Each field once per row (rule 1).
-
-        With ``lease_id``: only while that lease is live; a stale holder's write is ignored,
-        counted (``stale_writes``) and answered False.
-        """
-        with self._cv:
-            if lease_id is not None and lease_id not in self._leases:
-                self._counters["stale_writes"] += 1
-                return False
-            self._write_pos(self._positions(rows), columns)
-            return True
-
     def _write_pos(self, pos: np.ndarray, columns: dict[str, list]) -> None:
         k = len(pos)
         for f, v in columns.items():
@@ -234,57 +199,15 @@ class SampleStore(Reads, Leases):
         with self._cv:
             return bool(self._freed[self._positions(rows)].all())
 
-    def start_rows_at(self, first_row: int) -> None:
-        """Number the next rows from ``first_row`` on (at least): a resumed run's rows before
-        the trainer's next window were trained before its checkpoint."""
-        with self._cv:
-            self._next_row = max(self._next_row, int(first_row))
-
     # ------------------------------------------------------------------ inspection
-    def consumed(self, task: str) -> list[int]:
-        """Rows consumed by ``task``, in consumption (ack) order."""
-        with self._cv:
-            return [r for _, rows in self._task(task).order for r in rows]
+    def _n_rows(self) -> int:
+        return self._n
 
-    def consumed_log(self, task: str) -> list[tuple[float, list[int]]]:
-        """(ack time, rows) per ack of ``task`` (the sharded store merges these by time)."""
-        with self._cv:
-            return [(ts, list(rows)) for ts, rows in self._task(task).order]
+    def _n_freed(self) -> int:
+        return int(self._freed[: self._n].sum())
 
-    def drop_counts(self) -> dict[str, int]:
-        """Rows dropped so far, by reason (cheaper than :meth:`stats`)."""
-        with self._cv:
-            return {k: int(v) for k, v in self._drops.items() if v}
-
-    def pending(self, task: str) -> int:
-        """Rows eligible for ``task`` right now (ready, not consumed, leased or dropped)."""
-        with self._cv:
-            return int(len(self._eligible(self._task(task), None, None)))
-
-    def stats(self) -> dict:
-        with self._cv:
-            tasks = {
-                name: {
-                    "consumed": t.n_consumed,
-                    "leased": t.n_held,
-                    "ready": int(len(self._eligible(t, None, None))),
-                }
-                for name, t in self._tasks.items()
-            }
-            c = self._counters
-            return {
-                "rows": self._n,
-                "freed": int(self._freed[: self._n].sum()),
-                "tasks": tasks,
-                "drops": dict(self._drops),
-                "leases_live": sum(rec.counted for rec in self._leases.values()),
-                "leases_reissued": c["leases_reissued"],
-                "rows_reissued": c["rows_reissued"],
-                "stale_acks": c["stale_acks"],
-                "stale_writes": c["stale_writes"],
-                "leases_restored": c["leases_restored"],
-                "leases_revoked": c["leases_revoked"],
-            }
+    def _n_ready(self, t: TaskMarks) -> int:
+        return int(len(self._eligible(t, None, None)))
 
     def gc(self) -> int:
         """Free the values of rows every registered task has consumed (or that were dropped) and
@@ -310,39 +233,20 @@ class SampleStore(Reads, Leases):
         """Plain-data checkpoint: rows, values, ready bits, marks, drops, leases in flight."""
         with self._cv:
             n = self._n
-            rows = self._row[:n].tolist()
             fields = {}
             for f, col in self._data.items():
                 pos = np.flatnonzero(self._ready[f][:n])
                 fields[f] = {"rows": self._row[pos].tolist(), "values": take(col, pos)}
-            return {
-                "format": SNAPSHOT_FORMAT,
-                "lease_s": self.lease_s,
-                "next_row": self._next_row,
-                "next_lease": self._next_lease,
-                "rows": rows,
-                "groups": self._group[:n].tolist(),
-                "versions": [None if v == UNSET else v for v in self._version[:n].tolist()],
-                "fields": fields,
-                "dropped": self._row[np.flatnonzero(self._dropped[:n])].tolist(),
-                "freed": self._row[np.flatnonzero(self._freed[:n])].tolist(),
-                "drops": dict(self._drops),
-                "tasks": {
-                    name: {"inputs": list(t.inputs), "consumed": [[ts, list(r)] for ts, r in t.order]}
-                    for name, t in self._tasks.items()
-                },
-                "leases": [
-                    {"id": rec.id, "task": rec.task.name, "rows": list(rec.rows), "counted": rec.counted}
-                    for rec in self._leases.values()
-                ],
-                "counters": dict(self._counters),
-            }
+            return self._snapshot_frame(
+                self._row[:n].tolist(), self._group[:n].tolist(),
+                [None if v == UNSET else v for v in self._version[:n].tolist()], fields,
+                self._row[np.flatnonzero(self._dropped[:n])].tolist(),
+                self._row[np.flatnonzero(self._freed[:n])].tolist())
 
     @classmethod
     def restore(cls, d: dict, **kwargs) -> "SampleStore":
         """Rebuild a store from :meth:`snapshot` (rule 6)."""
-        if d.get("format") != SNAPSHOT_FORMAT:
-            raise StoreError(f"snapshot format {d.get('format')!r} is not {SNAPSHOT_FORMAT}")
+        cls.check_snapshot(d)
         s = cls(d.get("lease_s", 60.0), **kwargs)
         for name, t in d["tasks"].items():
             s.register_task(name, t["inputs"])
@@ -356,7 +260,6 @@ class SampleStore(Reads, Leases):
                 s._ready[f][pos] = True
             s._dropped[s._positions(d["dropped"])] = True
             s._freed[s._positions(d["freed"])] = True
-            s._drops.update(d["drops"])
             for name, td in d["tasks"].items():
                 t = s._tasks[name]
                 for ts, rows in td["consumed"]:
@@ -364,8 +267,5 @@ class SampleStore(Reads, Leases):
                     t.consumed[pos] = True
                     t.n_consumed += len(pos)
                     t.order.append((ts, list(rows)))
-            s._counters.update(d.get("counters", {}))
-            s._counters["leases_restored"] += sum(bool(x.get("counted", True)) for x in d["leases"])
-            s._next_row = max(s._next_row, d["next_row"])
-            s._next_lease = d["next_lease"]
+            s._restore_counts(d)
         return s
