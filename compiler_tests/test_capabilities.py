@@ -61,9 +61,22 @@ def test_a_broken_distribution_is_reported_not_silently_dropped(tmp_path, monkey
     real = metadata.distributions
     monkeypatch.setattr(metadata, "distributions", lambda: [Broken(), *real()])
     monkeypatch.setattr(base, "_REPORTED", set())
+    monkeypatch.setattr(base, "_NAMES", {})  # the fake changes no directory: read again
     with pytest.warns(RuntimeWarning, match="broken.dist-info.*bad METADATA"):
         names = engine_names()
     assert list(names)[:4] == list(BUILTIN)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         engine_names()  # once per distribution
+
+
+def test_engine_names_are_read_again_when_a_distribution_is_installed(tmp_path, monkeypatch):
+    """The scan of the installed distributions is kept until the path or a directory on it
+    changes: a plug-in installed later (a new dist-info) is found at the next call."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "late_engine" not in engine_names()
+    info = tmp_path / "late_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: late-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[asyncflow.engines]\nlate_engine = late_mod:Engine\n")
+    assert engine_names()["late_engine"] == "late_mod:Engine"

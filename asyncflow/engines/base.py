@@ -37,6 +37,8 @@ with its ``capabilities``) and an entry point.
 """
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -178,11 +180,36 @@ class TurnServer(Protocol):
     def in_flight(self) -> int: ...
 
 
+_NAMES: dict = {}  # the last scan: {"key": what it was read from, "names": what it found}
+
+
+def _path_key() -> tuple:
+    """What the installed distributions are read from: the path and each entry's mtime (a
+    directory's changes when a distribution is installed into it or removed)."""
+    def mtime(p: str) -> int:
+        try:
+            return os.stat(p or ".").st_mtime_ns
+        except OSError:
+            return -1
+    return tuple((p, mtime(p)) for p in sys.path)
+
+
 def engine_names() -> dict[str, str]:
     """name -> "module:Class", built-ins first, then entry points (never imports an engine).
 
     A distribution whose metadata cannot be read is reported (a warning naming it and why, once
-    per distribution) and skipped: its engines are then unknown, and the warning says why."""
+    per distribution) and skipped: its engines are then unknown, and the warning says why.
+    Reading every distribution's metadata takes a tenth of a second or more, so the answer is
+    kept until the path or a directory on it changes (an install, an uninstall)."""
+    key = _path_key()
+    if _NAMES.get("key") == key:
+        return dict(_NAMES["names"])
+    names = _scan_names()
+    _NAMES.update(key=key, names=names)
+    return dict(names)
+
+
+def _scan_names() -> dict[str, str]:
     from importlib import metadata
 
     names = dict(BUILTIN)
