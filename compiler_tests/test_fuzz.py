@@ -14,6 +14,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,6 +49,23 @@ def _sources() -> list[tuple[str, str]]:
 
 SOURCES = _sources()
 seeds = st.sampled_from(SOURCES)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed_engines_read_once():
+    """The engines installed (built-ins and entry points) read once for this module's
+    thousands of checks: :func:`asyncflow.engines.base.engine_names` reads every installed
+    distribution's metadata at each call, three quarters of a check here, and nothing in this
+    module installs an engine, so the answer is the same each time (asserted at the end)."""
+    from asyncflow.compiler.passes import validate, validate_args
+    from asyncflow.engines import base
+
+    names = base.engine_names()
+    with pytest.MonkeyPatch.context() as mp:
+        for module in (validate, validate_args):
+            mp.setattr(module, "engine_names", lambda: dict(names))
+        yield
+    assert base.engine_names() == names
 
 
 def check(text: str | bytes, suffix: str, sets=()) -> Diagnostics:

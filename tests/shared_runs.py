@@ -73,20 +73,50 @@ OWN_PROCESS = ("_deepspeed", "_vllm")
 
 def _in_process(out: str, args: list[str]) -> Run:
     """``asyncflow ARGS`` from the repository root in this process, what it printed kept."""
+    r = in_process(args)
+    return Run(out, r.returncode, r.stdout, r.stderr)
+
+
+class CliTimeout(Exception):
+    """An in-process ``asyncflow`` command ran past its time limit (see :func:`in_process`)."""
+
+
+def in_process(args: list[str], cwd: str = ROOT, timeout: float | None = None) -> "CliResult":
+    """``asyncflow ARGS`` run from ``cwd`` in this process, what it printed kept (stdout and
+    stderr apart). With ``timeout`` (seconds; main thread only), a command still running then
+    is interrupted by ``SIGALRM`` and :class:`CliTimeout` is raised with what it had printed: a
+    hang fails the test that ran it instead of the session."""
+    import signal
+    import threading
+
     from asyncflow.cli import main
 
-    stdout, stderr, cwd = io.StringIO(), io.StringIO(), os.getcwd()
-    os.chdir(ROOT)
+    stdout, stderr, here = io.StringIO(), io.StringIO(), os.getcwd()
+    alarm = timeout is not None and threading.current_thread() is threading.main_thread()
+
+    def _expired(signum, frame):
+        raise CliTimeout(f"asyncflow {' '.join(args)} did not finish in {timeout} s")
+
+    old = signal.signal(signal.SIGALRM, _expired) if alarm else None
+    os.chdir(cwd)
     try:
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, timeout)
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
-                main(args)
+                main(list(args))
                 rc = 0
             except SystemExit as e:
                 rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except CliTimeout as e:
+                raise CliTimeout(f"{e}\n--- stdout\n{stdout.getvalue()[-3000:]}\n"
+                                 f"--- stderr\n{stderr.getvalue()[-5000:]}") from None
     finally:
-        os.chdir(cwd)
-    return Run(out, rc, stdout.getvalue(), stderr.getvalue())
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        os.chdir(here)
+    return CliResult(rc, stdout.getvalue(), stderr.getvalue())
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ pytest.importorskip("deepspeed", reason="deepspeed is not installed")
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shared_runs import in_process  # noqa: E402
+
 pytestmark = pytest.mark.deepspeed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,8 +71,13 @@ def test_two_replicas_split_each_step_and_reach_the_one_replica_weights(tmp_path
 
 def test_two_replicas_on_the_local_backend_are_af637(tmp_path):
     """The local backend runs workers as threads of one process: one torch.distributed group
-    per process cannot hold two ranks, so it says so instead of hanging."""
-    r = run(tmp_path / "run", "--set", "tasks.update.replicas=2", backend="local", steps=1)
+    per process cannot hold two ranks, so it says so instead of hanging. The run stops before
+    it builds a DeepSpeed engine (the check comes first, asyncflow/runtime/worker.py), so it runs
+    in this process: no process group is made, only the engine's module imported."""
+    out = tmp_path / "run"
+    r = in_process(["run", str(PIPELINE), "--backend", "local", "--steps", "1", "--out",
+                    str(out), "--quiet", "--stall-timeout", "120", *SMALL,
+                    "--set", "tasks.update.replicas=2"], cwd=str(tmp_path), timeout=300)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
     assert "AF637" in r.stdout + r.stderr and "--backend ray" in r.stdout + r.stderr
 

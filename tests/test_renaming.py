@@ -5,8 +5,9 @@ For every shipped pipeline that can run here (``*_vllm*`` only where vllm import
 adversarial swap (``response`` <-> ``logprobs``, ``reward`` <-> ``advantages``, ``prompt`` <->
 ``answer``, ``values`` <-> ``returns``, the rest named after other roles) and once by a renaming
 drawn with a fixed seed (marked slow) -- written to a temporary directory beside a module that renames the
-data source's columns, and run for 2 steps with ``asyncflow run --backend local`` in a
-subprocess with a timeout (a hang fails the test). The run must exit 0 and write 2 steps of
+data source's columns (a module name of its own per run), and run for 2 steps with ``asyncflow run
+--backend local`` in this process with a timeout (a hang fails the test; the DeepSpeed and vLLM
+pipelines run in a process of their own, :data:`shared_runs.OWN_PROCESS`). The run must exit 0 and write 2 steps of
 finite metrics. The main job is also run renamed on the default Ray backend, and, since a local
 run is deterministic, renamed and original runs of the main job must log the same numbers.
 
@@ -20,6 +21,7 @@ property over the same renamings).
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -37,6 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "compiler_tests"))
 from test_renaming_compile import (  # noqa: E402
     FILES, draw_renaming, names_of, swap_renaming, write_renamed)
+
+sys.path.insert(0, str(ROOT / "tests"))
+from shared_runs import OWN_PROCESS, CliTimeout, in_process  # noqa: E402
 
 RUN_TIMEOUT = 240  # seconds for one 2-step local run (they take ~5 s; a hang fails)
 RAY_TIMEOUT = 240
@@ -62,10 +67,28 @@ def _runnable(path: Path):
     return marks
 
 
+_MODULES = itertools.count()
+
+
+def data_module() -> str:
+    """A new name for a renamed pipeline's data module: the runs share this process, where a
+    module once imported under a name stays in ``sys.modules`` (a second ``renamed_data`` would
+    be the first one)."""
+    return f"renamed_run_{next(_MODULES)}"
+
+
 def cli(*args: str, timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``asyncflow ARGS`` in a subprocess of its own session; on timeout the whole process
-    group (a local Ray included) is killed and the test fails with what it printed."""
+    """``asyncflow ARGS`` in this process (torch and the engines are imported once), or, for a
+    pipeline of :data:`shared_runs.OWN_PROCESS`, in a subprocess of its own session; past
+    ``timeout`` the command is interrupted (the subprocess's whole group, a local Ray included,
+    killed) and the test fails with what it printed."""
     cmd = [sys.executable, "-m", "asyncflow.cli", *args]
+    if not any(part in Path(a).name for a in args for part in OWN_PROCESS):
+        try:
+            r = in_process(list(args), cwd=str(cwd), timeout=timeout)
+        except CliTimeout as e:
+            pytest.fail(str(e))
+        return subprocess.CompletedProcess(cmd, r.returncode, r.stdout, r.stderr)
     proc = subprocess.Popen(cmd, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -155,7 +178,7 @@ _DONE: dict[tuple[str, str], tuple[Path, subprocess.CompletedProcess]] = {}  # f
 @pytest.mark.parametrize("path,how", CASES)
 def test_renamed_pipeline_runs(path, how, tmp_path):
     m = _renaming(path, how)
-    renamed = write_renamed(path, m, tmp_path / "p", module="renamed_data")
+    renamed = write_renamed(path, m, tmp_path / "p", module=data_module())
     r, secs = run_local(renamed, tmp_path / "run")
     if r.returncode == 0:
         _DONE[(path.name, how)] = (tmp_path / "run", r)
@@ -186,7 +209,7 @@ def test_renamed_main_job_logs_the_same_numbers(tmp_path):
         run_dir, b = _DONE["grpo_digits.yaml", "swap"]
     else:
         renamed = write_renamed(path, swap_renaming(names_of(path)), tmp_path / "p",
-                                module="renamed_data")
+                                module=data_module())
         run_dir = tmp_path / "renamed"
         b, _ = run_local(renamed, run_dir)
         assert b.returncode == 0, b.stderr[-4000:]
@@ -208,7 +231,7 @@ def test_renamed_main_job_runs_on_ray(tmp_path):
     """The main job, renamed by the swap, on the default Ray backend (a local Ray)."""
     path = ROOT / "pipelines" / "grpo_digits.yaml"
     m = swap_renaming(names_of(path))
-    renamed = write_renamed(path, m, tmp_path / "p", module="renamed_data")
+    renamed = write_renamed(path, m, tmp_path / "p", module=data_module())
     t0 = time.perf_counter()
     r = cli("run", str(renamed), "--out", str(tmp_path / "run"), "--quiet", *small(path),
             timeout=RAY_TIMEOUT)
@@ -324,9 +347,11 @@ def test_users_pipeline_checks_and_runs(key, tmp_path):
     name, text = USER_FILES[key]
     d = tmp_path / "mine"
     d.mkdir()
-    (d / "my_data.py").write_text(DATA_MODULE)
+    mod = f"my_data_{key}"  # a name of its own: the runs share this process (data_module())
+    (d / f"{mod}.py").write_text(DATA_MODULE)
     path = d / name
-    path.write_text(text)
+    assert text.count("source: my_data:rows") == (key == "user_ppo"), text
+    path.write_text(text.replace("source: my_data:rows", f"source: {mod}:rows"))
     c = cli("check", str(path), timeout=60)
     assert c.returncode == 0, c.stdout + c.stderr
     assert "warning" not in c.stderr, c.stderr
@@ -371,7 +396,7 @@ def test_store_column_names_are_refused_or_work(reserved, tmp_path):
     path = ROOT / "pipelines" / "grpo_digits.yaml"
     m = {n: n for n in names_of(path)}
     m["reward"] = reserved
-    renamed = write_renamed(path, m, tmp_path / "p", module="renamed_data")
+    renamed = write_renamed(path, m, tmp_path / "p", module=data_module())
     c = cli("check", str(renamed), timeout=60)
     if c.returncode == 2:
         text = renamed.read_text()
