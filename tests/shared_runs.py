@@ -18,6 +18,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 # per pipeline stem: shorter sim latencies (the claims read do not depend on them)
@@ -148,3 +150,17 @@ def cli(capsys, *args: str) -> tuple[int, str]:
     a subprocess would import them again): (exit code, stdout + stderr)."""
     r = cli_result(capsys, *args)
     return r.returncode, r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """Ray for a module (import it there), started only when a test asks for it (a "ray"
+    param) and stopped at the module's end; a Ray already up is used and left up."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()

@@ -104,16 +104,7 @@ def test_trainer_reads_as_many_micro_batches_as_the_plan_lets_it(monkeypatch, tm
 ray = pytest.importorskip("ray")
 from asyncflow.runtime.store.codec import Ragged  # noqa: E402
 from asyncflow.runtime.store.ray import RayStore  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
+from shared_runs import ray_session  # noqa: E402,F401  (a fixture: Ray for this module)
 
 
 class CallCount:

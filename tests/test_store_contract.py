@@ -46,15 +46,7 @@ TASK_KEYS = {"consumed", "leased", "ready"}
 
 
 # ---------------------------------------------------------------------- fixtures and helpers
-@pytest.fixture(scope="module")
-def ray_session():
-    """Ray for this module, started only when a "ray" param runs (and stopped at its end)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
+from shared_runs import ray_session  # noqa: E402,F401  (a fixture: Ray for this module)
 
 
 def _new(kind: str, lease_s: float = LEASE_S):
