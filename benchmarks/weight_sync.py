@@ -19,6 +19,8 @@ change at a small ``lr`` -- what delta sync is for.
     .venv/bin/python benchmarks/weight_sync.py                 # 1M, 10M, 100M; ~3 min here
     .venv/bin/python benchmarks/weight_sync.py --sizes 1 --syncs 2   # smoke
     .venv/bin/python benchmarks/weight_sync.py --device cuda   # on a GPU machine
+    .venv/bin/python benchmarks/weight_sync.py --device cuda --sizes 1000 3000 \
+        --methods store:bfloat16 collective:bfloat16 --syncs 2   # 1B and 3B, bf16
 """
 from __future__ import annotations
 
@@ -146,15 +148,24 @@ class Rollout:
         return self.model.checksum()
 
 
+METHODS = [("store", "float32", False), ("collective", "float32", False),
+           ("collective", "float32", True), ("store", "bfloat16", False),
+           ("collective", "bfloat16", False), ("collective", "bfloat16", True)]
+
+
+def _label(method: tuple) -> str:
+    via, dtype, delta = method
+    return f"{via}{'+delta' if delta else ''}:{dtype}"
+
+
 def run(args) -> list[dict]:
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
+             log_to_driver=False,
+             object_store_memory=int(args.ray_memory_gb * 2**30) if args.ray_memory_gb else None)
     T, R = ray.remote(Trainer), ray.remote(Rollout)
-    methods = [("store", "float32", False), ("collective", "float32", False),
-               ("collective", "float32", True), ("store", "bfloat16", False),
-               ("collective", "bfloat16", False), ("collective", "bfloat16", True)]
+    methods = [m for m in METHODS if not args.methods or _label(m) in args.methods]
     rows = []
     for size in args.sizes:
         n = int(size * 1e6)
@@ -197,6 +208,10 @@ def main() -> int:
     ap.add_argument("--bucket-mb", type=float, default=128)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--methods", nargs="+", default=None, choices=[_label(m) for m in METHODS],
+                    help="only these rows (default: all six per size)")
+    ap.add_argument("--ray-memory-gb", type=float, default=None,
+                    help="the object store's size (large models through via: store)")
     args = ap.parse_args()
     rows = run(args)
     print(f"\nweight sync on this machine ({args.device}; median of {args.syncs} syncs; "
