@@ -56,6 +56,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from papers_plots import ALPHA, PAPER, plot_asyncflow, plot_roll, plot_transfer  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT / "benchmarks" / "papers"
 DOCS = ROOT / "docs"
@@ -63,14 +66,12 @@ OUT = {"dir": DOCS}  # where the PNGs go (--out)
 
 # the papers' own numbers (abstracts): ROLL Flash's largest speedups; AsyncFlow's average and
 # peak throughput gain over its (synchronous) state-of-the-art baseline
-PAPER = {"rlvr": 2.24, "agentic": 2.72, "asyncflow_avg": 1.59, "asyncflow_max": 2.03}
 
 FULL = {"sizes": [8, 16, 32, 64, 128, 256, 512, 1024], "alpha_sizes": {"rlvr": [64, 512],
         "agentic": [64]}, "alphas": [0, 1, 2, 4, 8], "cluster": [16, 32, 64, 128, 256, 512],
         "ablation_at": 64, "prompts": 128, "steps": 10, "periods": 2}
 QUICK = {"sizes": [8, 64, 512], "alpha_sizes": {"rlvr": [64]}, "alphas": [0, 1, 2, 4],
          "cluster": [16, 64, 256], "ablation_at": 64, "prompts": 64, "steps": 8, "periods": 2}
-ALPHA = 2  # ROLL Flash's asynchronous runs in figure 1
 # --transfer: a 7B model in bf16 (14 GB a sync), by each method over its usual link
 PARAMS_7B = 7e9
 TRANSFERS = {"store": ("store", "ethernet"), "collective": ("collective", "infiniband")}
@@ -388,77 +389,8 @@ def roll_figures(cfg: dict, bases: dict, res: dict, plots: bool) -> dict:
                   ["alpha", "sync sa/s", "async sa/s", "speedup", "gate bound", "max stale"],
                   rows)
     if plots:
-        plot_roll(cfg, bases, out)
+        plot_roll(cfg, bases, out, work(bases["rlvr"])["N"], OUT["dir"])
     return out
-
-
-def plot_roll(cfg: dict, bases: dict, out: dict) -> None:
-    from asyncflow.viz.chart import line_chart
-
-    colors = {"rlvr": "#0072B2", "agentic": "#D55E00"}
-    n = work(bases["rlvr"])["N"]
-    size = {"width": 1000, "height": 560}
-    if cfg["sizes"]:
-        sizes, top = cfg["sizes"], 4.2  # the paper's bound above ``top`` leaves the chart
-        series = [_headroom(sizes[0], 6.6)]
-        for wl in bases:
-            series.append({"label": f"{wl}: simulated", "xs": sizes, "color": colors[wl],
-                           "ys": [p["speedup"] for p in out["speedup"][wl]]})
-        for wl in bases:  # 1 + c K: drawn as far as it stays on the chart
-            pts = [p for p in out["speedup"][wl] if p["paper_bound"] <= top]
-            last = f" (off the chart past K={pts[-1]['K']})" if len(pts) < len(sizes) else ""
-            series.append({"label": f"{wl}: ROLL Flash's bound{last}",
-                           "xs": [p["K"] for p in pts], "ys": [p["paper_bound"] for p in pts],
-                           "color": colors[wl], "dash": True, "points": False})
-        for wl in bases:
-            series.append({"label": f"{wl}: bound with the staleness gate (ours)", "xs": sizes,
-                           "ys": [p["gate_bound"] for p in out["speedup"][wl]],
-                           "color": _light(colors[wl]), "dash": True, "points": False})
-        for wl, c in (("rlvr", "#444444"), ("agentic", "#999999")):
-            series.append({"label": f"paper's largest {wl} speedup ({PAPER[wl]}x)",
-                           "xs": [sizes[0], sizes[-1]], "ys": [PAPER[wl]] * 2, "color": c,
-                           "dash": True, "points": False})
-        line_chart(series, title=f"ROLL Flash, simulated: async (alpha {ALPHA}) over sync, "
-                   "fixed batch",
-                   subtitle=f"{n} samples a step, K devices either way (sync: trainer "
-                   "colocated; async: K split to balance the work); the paper's bound: 1 + c K",
-                   xlabel="devices K (log scale)", ylabel="speedup (x)", log_x=True,
-                   **size).save(OUT["dir"] / "papers_roll_flash_speedup.png")
-
-        ymax = max(p["async"] for wl in bases for p in out["speedup"][wl])
-        series = [_headroom(sizes[0], ymax * 1.45)]
-        for wl in bases:
-            pts = out["speedup"][wl]
-            series.append({"label": f"{wl}: async (alpha {ALPHA})", "xs": sizes,
-                           "ys": [p["async"] for p in pts], "color": colors[wl]})
-            series.append({"label": f"{wl}: sync", "xs": sizes, "ys": [p["sync"] for p in pts],
-                           "color": colors[wl], "dash": True})
-        line_chart(series, title="ROLL Flash, simulated: throughput against devices",
-                   subtitle=f"{n} samples a step; synchronous training stops scaling once the "
-                   "longest sample of a step sets the step time",
-                   xlabel="devices K (log scale)", ylabel="samples / s (virtual time)",
-                   log_x=True, **size).save(OUT["dir"] / "papers_roll_flash_throughput.png")
-
-    if out["alpha"]:
-        alphas = cfg["alphas"]
-        idx = list(range(len(alphas)))
-        palette = ["#0072B2", "#009E73", "#D55E00"]
-        ymax = max(max(p["speedup"], p["gate_bound"]) for v in out["alpha"].values() for p in v)
-        series = [_headroom(0, ymax * (1.2 + 0.13 * len(out["alpha"])))]
-        for i, (key, pts) in enumerate(out["alpha"].items()):
-            wl, k = key.split("/")
-            c = palette[i % len(palette)]
-            series.append({"label": f"{wl}, K={k}: simulated", "xs": idx,
-                           "ys": [p["speedup"] for p in pts], "color": c})
-            series.append({"label": f"{wl}, K={k}: bound with the staleness gate (ours)",
-                           "xs": idx, "ys": [p["gate_bound"] for p in pts], "color": c,
-                           "dash": True, "points": False})
-        line_chart(series, title="ROLL Flash, simulated: the staleness sweep",
-                   subtitle="speedup over the synchronous colocated run at the same K; alpha 0 "
-                   "is the split layout without asynchrony (slower than colocated)",
-                   xlabel="max staleness alpha (steps)", ylabel="speedup (x)",
-                   x_labels=[str(a) for a in alphas],
-                   **size).save(OUT["dir"] / "papers_roll_flash_alpha.png")
 
 
 def asyncflow_figures(cfg: dict, base: dict, res: dict, plots: bool) -> dict:
@@ -495,147 +427,46 @@ def asyncflow_figures(cfg: dict, base: dict, res: dict, plots: bool) -> dict:
           ["D", "R:ref:T", "colocated", "sep. sync", "+stream", "+async", "speedup",
            "vs sep. sync"], rows)
     if plots:
-        plot_asyncflow(cfg, variants, out, w["N"])
+        plot_asyncflow(cfg, variants, out, w["N"], OUT["dir"])
     return {"ablation_at": d0, "scaling": out, "mean_speedup": mean}
-
-
-def plot_asyncflow(cfg: dict, variants, out: list, n: int) -> None:
-    from asyncflow.viz.chart import line_chart
-
-    ds = cfg["cluster"]
-    colors = ["#7F7F7F", "#0072B2", "#009E73", "#D55E00"]
-    size = {"width": 1000, "height": 560}
-    series = [_headroom(ds[0], max(o["async"] for o in out) * 1.35)]
-    series += [{"label": label, "xs": ds, "ys": [o[v] for o in out], "color": c}
-               for (v, label), c in zip(variants, colors)]
-    line_chart(series, title="AsyncFlow, simulated: the ablation against cluster size",
-               subtitle=f"GRPO with a reference model, {n} samples a step; gray: colocated "
-               "baseline; blue, green, orange: task-separated, one feature added each",
-               xlabel="devices D (log scale)", ylabel="samples / s (virtual time)",
-               log_x=True, **size).save(OUT["dir"] / "papers_asyncflow_scaling.png")
-    series = [_headroom(ds[0], max(max(o["speedup"], o["speedup_vs_separated_sync"])
-                                   for o in out) * 1.5),
-              {"label": "full AsyncFlow over the colocated sync baseline (simulated)", "xs": ds,
-               "ys": [o["speedup"] for o in out], "color": "#D55E00"},
-              {"label": "over the task-separated sync run (simulated)", "xs": ds,
-               "ys": [o["speedup_vs_separated_sync"] for o in out], "color": "#0072B2"},
-              {"label": f"paper: {PAPER['asyncflow_avg']}x average", "xs": [ds[0], ds[-1]],
-               "ys": [PAPER["asyncflow_avg"]] * 2, "color": "#999999", "dash": True,
-               "points": False},
-              {"label": f"paper: {PAPER['asyncflow_max']}x peak", "xs": [ds[0], ds[-1]],
-               "ys": [PAPER["asyncflow_max"]] * 2, "color": "#444444", "dash": True,
-               "points": False}]
-    line_chart(series, title="AsyncFlow, simulated: speedup against cluster size",
-               subtitle="full AsyncFlow (task-separated, streaming, staleness 1) over synchronous "
-               "runs on the same number of devices", xlabel="devices D (log scale)",
-               ylabel="speedup (x)", log_x=True,
-               **size).save(OUT["dir"] / "papers_asyncflow_speedup.png")
 
 
 def transfer_figures(cfg: dict, bases: dict, af: dict, res: dict, plots: bool) -> dict:
     """Figures 1a and 3 with a 7B model's sync by each method, beside the transfer-free runs."""
     methods = ["none", *TRANSFERS]
 
-    def get(m: str, key: str) -> float:
-        return res[key if m == "none" else f"{m}:{key}"]["samples_per_s"]
+    def compare(x_name: str, xs: list, names: tuple[str, str], keys) -> tuple[list, list]:
+        """Per x, per method: the baseline run, the asynchronous one and their ratio."""
+        pts, rows = [], []
+        for x in xs:
+            pt, row = {x_name: x}, [x]
+            for m in methods:
+                base, asy = (res[k if m == "none" else f"{m}:{k}"]["samples_per_s"]
+                             for k in keys(x))
+                pt[m] = {names[0]: base, names[1]: asy, "speedup": asy / base}
+                row += [f1(base), f1(asy), f2(asy / base)]
+            pts.append(pt)
+            rows.append(row)
+        return pts, rows
 
     out: dict = {"roll": {}, "asyncflow": []}
-    head = ["K"] + [f"{m} {x}" for m in methods for x in ("sync", "async", "speedup")]
     for wl in bases if cfg["sizes"] else ():
-        rows = []
-        for k in cfg["sizes"]:
-            pt = {"K": k}
-            row = [k]
-            for m in methods:
-                sy, asy = get(m, f"{wl}/sync/{k}"), get(m, f"{wl}/async{ALPHA}/{k}")
-                pt[m] = {"sync": sy, "async": asy, "speedup": asy / sy}
-                row += [f1(sy), f1(asy), f2(asy / sy)]
-            rows.append(row)
-            out["roll"].setdefault(wl, []).append(pt)
+        out["roll"][wl], rows = compare(
+            "K", cfg["sizes"], ("sync", "async"),
+            lambda k: (f"{wl}/sync/{k}", f"{wl}/async{ALPHA}/{k}"))  # noqa: B023
         table(f"ROLL Flash, figure 1a ({wl}) with a 7B model's weight sync (bf16, 14 GB; store "
               "over 25 GbE, collective over NDR InfiniBand; none: the figure above), samples/s",
-              head, rows)
+              ["K"] + [f"{m} {x}" for m in methods for x in ("sync", "async", "speedup")], rows)
     if af is not None and any(k.startswith("af/") for k in res):
-        rows = []
-        for d in cfg["cluster"]:
-            pt = {"D": d}
-            row = [d]
-            for m in methods:
-                col, asy = get(m, f"af/colocated/{d}"), get(m, f"af/async/{d}")
-                pt[m] = {"colocated": col, "async": asy, "speedup": asy / col}
-                row += [f1(col), f1(asy), f2(asy / col)]
-            rows.append(row)
-            out["asyncflow"].append(pt)
+        out["asyncflow"], rows = compare("D", cfg["cluster"], ("colocated", "async"),
+                                         lambda d: (f"af/colocated/{d}", f"af/async/{d}"))
         table("AsyncFlow, throughput against cluster size D with a 7B model's weight sync "
               "(colocated sync baseline, full AsyncFlow, speedup), samples/s",
               ["D"] + [f"{m} {x}" for m in methods for x in ("coloc.", "async", "speedup")],
               rows)
     if plots:
-        plot_transfer(cfg, out)
+        plot_transfer(cfg, out, OUT["dir"])
     return out
-
-
-def plot_transfer(cfg: dict, out: dict) -> None:
-    from asyncflow.viz.chart import line_chart
-
-    colors = {"none": "#7F7F7F", "store": "#D55E00", "collective": "#0072B2"}
-    label = {"none": "no transfer (as above)", "store": "store, 25 GbE",
-             "collective": "collective, InfiniBand NDR"}
-    size = {"width": 1000, "height": 560}
-    if out["roll"]:
-        sizes = cfg["sizes"]
-        top = max(p[m]["speedup"] for pts in out["roll"].values() for p in pts for m in colors)
-        series = [_headroom(sizes[0], top * 1.5)]
-        for wl, pts in out["roll"].items():
-            for m in colors:
-                series.append({"label": f"{wl}: {label[m]}", "xs": sizes,
-                               "ys": [p[m]["speedup"] for p in pts], "color": colors[m],
-                               "dash": wl == "agentic"})
-        line_chart(series, title=f"ROLL Flash, simulated: async (alpha {ALPHA}) over sync with "
-                   "a 7B model's weight sync",
-                   subtitle="14 GB a sync (bf16), charged to both runs; solid: RLVR, dashed: "
-                   "agentic", xlabel="devices K (log scale)", ylabel="speedup (x)", log_x=True,
-                   **size).save(OUT["dir"] / "papers_roll_flash_speedup_7b.png")
-        pts = out["roll"]["rlvr"]
-        top = max(p[m]["async"] for p in pts for m in colors)
-        series = [_headroom(sizes[0], top * 1.5)]
-        for m in colors:
-            series.append({"label": f"async: {label[m]}", "xs": sizes,
-                           "ys": [p[m]["async"] for p in pts], "color": colors[m]})
-            series.append({"label": f"sync: {label[m]}", "xs": sizes,
-                           "ys": [p[m]["sync"] for p in pts], "color": colors[m], "dash": True})
-        line_chart(series, title="ROLL Flash (RLVR), simulated: throughput with a 7B model's "
-                   "weight sync", subtitle="14 GB a sync (bf16); solid: async (alpha 2), "
-                   "dashed: sync", xlabel="devices K (log scale)",
-                   ylabel="samples / s (virtual time)", log_x=True,
-                   **size).save(OUT["dir"] / "papers_roll_flash_throughput_7b.png")
-    if out["asyncflow"]:
-        ds = [p["D"] for p in out["asyncflow"]]
-        top = max(p[m]["speedup"] for p in out["asyncflow"] for m in colors)
-        series = [_headroom(ds[0], top * 1.5)]
-        for m in colors:
-            series.append({"label": f"full AsyncFlow over colocated sync: {label[m]}", "xs": ds,
-                           "ys": [p[m]["speedup"] for p in out["asyncflow"]],
-                           "color": colors[m]})
-        series.append({"label": f"paper: {PAPER['asyncflow_avg']}x average",
-                       "xs": [ds[0], ds[-1]], "ys": [PAPER["asyncflow_avg"]] * 2,
-                       "color": "#999999", "dash": True, "points": False})
-        line_chart(series, title="AsyncFlow, simulated: speedup with a 7B model's weight sync",
-                   subtitle="14 GB a sync (bf16), charged to both runs",
-                   xlabel="devices D (log scale)", ylabel="speedup (x)", log_x=True,
-                   **size).save(OUT["dir"] / "papers_asyncflow_speedup_7b.png")
-
-
-def _headroom(x: float, y: float) -> dict:
-    """An invisible one-point series: room above the lines for the legend (put it first: its
-    legend row, blank, is the top one)."""
-    return {"label": "", "xs": [x], "ys": [y], "color": "#ffffff", "points": False}
-
-
-def _light(color: str) -> str:
-    """``color`` mixed half with white."""
-    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
-    return "#%02x%02x%02x" % ((r + 255) // 2, (g + 255) // 2, (b + 255) // 2)
 
 
 # -- main ------------------------------------------------------------------------------------------
