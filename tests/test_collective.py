@@ -243,7 +243,11 @@ def test_a_run_on_ray_survives_a_rollout_and_a_trainer_death(tmp_path):
            "--set", "tasks.update.args.micro_batch=8"]
     env = {**os.environ, "PYTHONPATH": os.path.abspath(root)}
     env.pop("RAY_ADDRESS", None)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=env)
+    # the limit only catches a hang: this run starts Ray, five workers and then two of them and
+    # the whole run again from a checkpoint, each a new process importing torch and transformers;
+    # beside two CPU hogs on 2 cores that took 93 s to the end of step 0, 71 s for step 1 (the
+    # rollout's restart) and more than 300 s in all (it takes ~60 s on a quiet machine)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     run = tmp_path / "run"
     plan = json.loads((run / "plan.json").read_text())
