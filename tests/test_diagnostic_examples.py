@@ -155,6 +155,23 @@ def an_address_where_nothing_listens(tmp_path, monkeypatch):
     probe_address(f"127.0.0.1:{port}", timeout=5)
 
 
+@example("AF613")
+def a_local_ray_that_does_not_start(tmp_path, monkeypatch):
+    import ray
+
+    from asyncflow.runtime.ray_connect import ensure_ray
+
+    def init(*a, **kw):  # what Ray 2.60 raises when its node misses its fixed 30 s
+        raise Exception("The current node timed out during startup. This could happen because "
+                        "some of the raylet failed to startup or the GCS has become overloaded.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ensure_ray()
+
+
 # -- a worker's contract (asyncflow.runtime.tasks, .contract) ----------------------------------
 @example("AF610")
 def a_reward_that_raises(tmp_path, monkeypatch):

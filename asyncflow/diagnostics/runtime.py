@@ -16,6 +16,8 @@ CODES = [
          "{have:g} run out"),
     Code("AF608", "cluster-unreachable",
          "cannot join the Ray cluster at {address}: {why}"),
+    Code("AF613", "ray-start-failed",
+         "a local Ray did not start ({attempts} attempts): {why}"),
     Code("AF604", "cluster-lacks-resources",
          "pool '{pool}' needs {need:g} {resource} in one bundle but no node of the Ray cluster has "
          "that much (the largest has {have:g}; the cluster: {cluster})"),

@@ -1,6 +1,6 @@
 """Connecting to Ray (:func:`ensure_ray`): joining a cluster (``--address``, or Ray's own
 ``RAY_ADDRESS``), with a fast probe and a hint when it cannot be joined (AF608), or starting a
-local Ray of this run's own.
+local Ray of this run's own (tried twice, then AF613 with the machine's load in its hint).
 """
 from __future__ import annotations
 
@@ -42,9 +42,36 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None,
             raise join_error(address, "Ray's client could not connect: the head refused it or "
                              f"did not answer ({str(e).splitlines()[0][:160]})") from None
         return ray, False
-    with lean_local_ray(ray, full):
-        ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kw)
-    return ray, True
+    why = ""
+    for attempt in range(START_ATTEMPTS):
+        try:
+            with lean_local_ray(ray, full):
+                ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kw)
+            return ray, True
+        except Exception as e:  # noqa: BLE001 -- Ray raises a bare Exception here; reported below
+            why = f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}" if str(e) else repr(e)
+            ray.shutdown()  # the processes this attempt started
+            if attempt + 1 < START_ATTEMPTS:
+                print(f"asyncflow: a local Ray did not start ({why}); trying once more",
+                      file=sys.stderr)
+    raise start_error(why)
+
+
+START_ATTEMPTS = 2  # a local Ray's start, tried again once (Ray waits a fixed 30 s for its node)
+
+
+def start_error(why: str):
+    """AF613: a local Ray did not start, twice. Ray gives its node a fixed 30 s to register,
+    which a busy machine can miss; the hint says how busy this one is."""
+    try:
+        load = os.getloadavg()[0]
+        busy = f"this machine's load average is {load:.1f} on {os.cpu_count()} cores; "
+    except OSError:
+        busy = ""
+    hint = (f"{busy}Ray gives a new node a fixed 30 s to start, which a busy machine can miss: "
+            "run again when it is less busy, join a running Ray with --address, or run without "
+            "Ray with --backend local (same plan, threads in this process)")
+    return error("AF613", None, hint, why=why, attempts=START_ATTEMPTS)
 
 
 JOIN_PROBE_S = 5.0  # how long a join waits for the head's port before AF608
