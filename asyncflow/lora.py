@@ -70,6 +70,8 @@ def wrap(model, engine_spec, train: bool):
     computes what ``model`` does until an adapter is trained or loaded. A trainer's base weights
     are frozen. An adapter peft cannot put on the model (a ``target_modules`` name it does not
     have) is AF653, located at the model's ``init``, naming the model's linear layers."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
     import torch
@@ -84,7 +86,11 @@ def wrap(model, engine_spec, train: bool):
         # and under the load lock, so that it never draws in the middle of another colocated
         # engine's seeded model initialisation (a thread of the local backend): that changed
         # the other model's initial weights
-        with LOAD_LOCK, torch.random.fork_rng(devices=[]):
+        with LOAD_LOCK, torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # peft reads transformers' deprecated ``is_gradient_checkpointing``: a FutureWarning
+            # the user can do nothing about (their run does not use the name)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
+                                    category=FutureWarning)
             torch.manual_seed(int((engine_spec.model.get("args") or {}).get("seed", 0)) + 2)
             peft_model = get_peft_model(model, cfg)
     except ValueError as e:  # peft's NoMatchingPeftModuleError among them
