@@ -173,6 +173,10 @@ CODES = [
     Code("AF390", "bad-split", "data source '{source}': {problem}",
          (mutate("    fields: [prompt, answer]\n", "    fields: [prompt, answer]\n    split: train\n",
                  at="train\n"),)),
+    Code("AF392", "data-file-lacks-field",
+         "data source '{source}': the rows of {path} have no field '{field}' (they have: {has})",
+         (mutate("source: asyncflow.datasets:digits\n    args: {n: 100, seed: 0}",
+                 f'source: "{_FIXTURES / "question_gold.jsonl"}"', at="answer]"),)),
     Code("AF391", "not-a-dataset-dir",
          "data source '{source}': directory '{path}' holds no data set: neither one that "
          "save_to_disk wrote (dataset_dict.json or state.json) nor data files (.jsonl, .json, "

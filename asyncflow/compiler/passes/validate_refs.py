@@ -1,5 +1,5 @@
 """Validate rule 4: ``module:function`` references, model sources and data files resolve --
-found and parsed, never imported (AF340-AF347, AF390, AF391). Part of
+found and parsed, never imported (AF340-AF347, AF390-AF392). Part of
 :mod:`asyncflow.compiler.passes.validate`."""
 from __future__ import annotations
 
@@ -151,6 +151,8 @@ def check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
     elif v.lower().endswith(DATA_SUFFIXES):
         if found is None:
             d.add("AF342", loc, key="source", path=v, where=_where(p, v))
+        else:
+            _check_fields(p, src, found, d)
         if src.split is not None:
             bad_split(f"a {Path(v).suffix} file has no splits (split applies to a data set "
                       "directory or a hub data set): drop it, or keep each split in its own file")
@@ -165,6 +167,36 @@ def check_source(p: ast.Pipeline, src: ast.DataDef, d: Diagnostics) -> None:
         d.add("AF342", loc, key="source", path=v, where=_where(p, v))
     else:
         d.add("AF343", loc, source=src.name, value=v)
+
+
+def _file_fields(p: ast.Pipeline, src: ast.DataDef, found: Path) -> list[str] | None:
+    """The fields a data file's rows have, where that is cheap to know: a .jsonl's or .json's
+    first row (every row must have each declared field: ``run`` checks them all, AF603), a
+    .parquet file's columns (its schema, read without the rows; only where pyarrow is
+    installed). None where it is not known."""
+    if str(found).lower().endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:  # the [data] extra is not installed: run reads and checks the rows
+            return None
+        try:
+            return list(pq.read_schema(found).names)
+        except (OSError, ValueError):  # a broken file: run reports it (AF601)
+            return None
+    row = _first_row(p, src)
+    return list(row) if row is not None else None
+
+
+def _check_fields(p: ast.Pipeline, src: ast.DataDef, found: Path, d: Diagnostics) -> None:
+    """AF392: a declared field that the data file's rows do not have (as ``run``'s AF603
+    would say of row 0), located at the field, with the names the file has."""
+    has = _file_fields(p, src, found)
+    if has is None:
+        return
+    for i, f in enumerate(src.fields or ()):
+        if f not in has:
+            d.add("AF392", _at(src, f"fields.{i}"), did_you_mean(f, has), source=src.name,
+                  path=src.source, field=f, has=", ".join(has) or "no fields")
 
 
 def _check_data_dir(src: ast.DataDef, v: str, found: Path, d: Diagnostics, bad_split) -> None:
