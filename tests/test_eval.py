@@ -65,6 +65,18 @@ def test_plan_lists_versions_and_holds_the_source_out(tmp_path):
     assert plain.eval.versions == [0, 5]  # no every: the initial and the final weights
 
 
+def test_the_graph_draws_the_held_out_source_into_the_rollout(tmp_path):
+    """``asyncflow viz PIPELINE``: the held-out source is not left unconnected: a dotted edge to
+    the rollout that evaluates, labelled with the metric and when it runs."""
+    from asyncflow.viz.graph import to_dot
+
+    plan = compile_file(write(tmp_path))
+    edges = [ln for ln in to_dot(plan).splitlines() if ln.strip().startswith(f'"n_{plan.eval.data}" ->')]
+    assert len(edges) == 1, edges
+    assert f'-> "n_{plan.eval.rollout}"' in edges[0] and "style=dotted" in edges[0]
+    assert f"eval/{plan.eval.name}" in edges[0] and "every 2 steps" in edges[0]
+
+
 def test_compile_prints_the_evaluation(tmp_path, capsys):
     from asyncflow.cli import main
 

@@ -69,6 +69,12 @@ def to_dot(plan) -> str:
             lines.append(f"  {_id(t.name)} [fillcolor={_q(KIND_COLOR.get(t.kind, '#eeeeee'))}, "
                          f"label={_q(_label(plan, t))}];")
     sources = {d.name for d in plan.data}
+    ev = plan.eval
+    if ev is not None and ev.data in sources and ev.rollout in tasks:  # the held-out source
+        when = f"every {ev.every} steps" if ev.every else "at the start and the end"
+        lab = f"eval/{ev.name} ({ev.fn.split(':')[-1]})\n{when}, held out"
+        lines.append(f"  {_id(ev.data)} -> {_id(ev.rollout)} [style=dotted, color=\"#aaaaaa\", "
+                     f"fontcolor=\"#777777\", label={_q(lab)}];")
     for ch in plan.channels:
         lab = ", ".join(ch.fields) + "\n" + GRAN_SHORT.get(ch.granularity, ch.granularity)
         if ch.staleness:
