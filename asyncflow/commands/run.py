@@ -165,8 +165,17 @@ def register(app: typer.Typer) -> None:
                                 console=err, disable=quiet, transient=False)
             bar = progress.add_task(f"{plan.pipeline}", total=total, info="starting workers")
 
+            seen = {"samples": 0, "t0": None}
+
             def on_step(m: dict) -> None:
-                info = (f"{_fmt(m.get('samples_per_s'), '.1f')} samples/s  "
+                # samples/s since the first step began, as the summary's "samples/s (steps
+                # only)" counts them (one step's own rate swings: at alpha >= 1 a step whose rows
+                # were made ahead of it ends in a blink)
+                if seen["t0"] is None and m.get("time") is not None:
+                    seen["t0"] = m["time"] - (m.get("step_time") or 0.0)
+                seen["samples"] += m.get("samples") or 0
+                span = m["time"] - seen["t0"] if seen["t0"] is not None else 0.0
+                info = (f"{_fmt(seen['samples'] / span if span > 0 else None, '.1f')} samples/s  "
                         f"reward {_fmt(m.get('reward_mean'))}  "
                         f"staleness {_fmt(m.get('staleness_mean'), '.2f')}/{m.get('staleness_max')}")
                 progress.update(bar, completed=m["step"] + 1, info=info)
