@@ -135,7 +135,9 @@ class Simulation:
         st = plan.step
         # the virtual-time store (asyncflow/simulate/vstore.py: the in-process store's rules,
         # event-indexed); ``store``: another Store class to run on (the tests compare them)
-        self.store = (store or VStore)(lease_s=FOREVER, clock=lambda: self.now)
+        # (one thread: the VStore takes no lock)
+        self.store = (VStore(lease_s=FOREVER, clock=self._clock, threads=False) if store is None
+                      else store(lease_s=FOREVER, clock=self._clock))
         for t in plan.tasks:
             self.store.register_task(t.name, list(t.inputs))
         self.control = SimControl(self)
@@ -164,6 +166,9 @@ class Simulation:
                                 sum(p.devices for p in plan.pools) or len(plan.workers))
         self._reports: dict[int, dict] = {}
 
+    def _clock(self) -> float:
+        return self.now
+
     # -- events --------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
         self._seq += 1
@@ -174,7 +179,7 @@ class Simulation:
 
     def soon(self, fn, *args) -> None:
         """Run ``fn`` at the current time, after the event being handled (once per instant)."""
-        key = (getattr(fn, "__self__", None), getattr(fn, "__name__", fn), args)
+        key = (fn, args)  # a bound method equals another of the same object and function
         if key in self._soon_keys:
             return
         self._soon_keys.add(key)

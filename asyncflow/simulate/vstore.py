@@ -28,7 +28,7 @@ from typing import Any, Callable
 from asyncflow.runtime.store.base import StoreBase
 from asyncflow.runtime.store.common import UNSET, Lease, StoreError, check_new_rows
 from asyncflow.simulate.vstore_leases import VLeases
-from asyncflow.simulate.vstore_task import VLease, VTask, select_groups
+from asyncflow.simulate.vstore_task import OneThread, VLease, VTask, select_groups
 
 
 class VStore(VLeases, StoreBase):
@@ -37,8 +37,11 @@ class VStore(VLeases, StoreBase):
     it shares with SampleStore (the lease lifecycle, ``write``, inspection, the snapshot's
     frame) is :class:`~asyncflow.runtime.store.base.StoreBase`."""
 
-    def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic,
+                 threads: bool = True):
         self._init_state(lease_s, clock)
+        if not threads:  # one thread (the simulator): no lock to take
+            self._cv = OneThread()
         self._row: list[int] = []  # position -> row
         self._group: list[int] = []
         self._version: list[int] = []
@@ -264,6 +267,19 @@ class VStore(VLeases, StoreBase):
             filter_fn: Callable[[dict], Any] | None = None, min_version: int | None = None,
             fields: list[str] | None = None, lease_s: float | None = None,
             owner: str | None = None) -> Lease | None:
+        if timeout <= 0 and not whole_groups and filter_fn is None and min_version is None:
+            with self._cv:  # the simulator's reads: the lowest rows, now or never
+                t = self._task(task)
+                now = self._clock()
+                self._expire_locked(now)
+                need = max(int(min_rows), 1)
+                if len(t.elig) < need:
+                    return None
+                rows = t.pop_lowest(n, max_row, None)
+                if len(rows) < need:
+                    t.unpop(rows)
+                    return None
+                return self._lease_locked(t, rows, fields, now, lease_s, owner)
         deadline = self._clock() + timeout
         with self._cv:
             t = self._task(task)
