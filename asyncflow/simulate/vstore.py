@@ -153,6 +153,8 @@ class VStore(VLeases, StoreBase):
 
     def _write_pos(self, pos: list[int], columns: dict[str, list]) -> None:
         k = len(pos)
+        if k == 1:  # a serve loop writes each sample as it finishes
+            return self._write_one(pos[0], columns)
         ready_of = self._ready
         for f, v in columns.items():
             if f == "_row" or f == "_group":
@@ -189,6 +191,38 @@ class VStore(VLeases, StoreBase):
                     col[p] = x
                     ready[p] = 1
             touched += self._readers.get(f, ())
+        for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
+            self._recheck(t, pos)
+        self._changed()
+
+    def _write_one(self, p: int, columns: dict[str, list]) -> None:
+        """:meth:`_write_pos` of one position ``p`` (the same checks, errors and effects)."""
+        ready_of = self._ready
+        for f, v in columns.items():
+            if f == "_row" or f == "_group":
+                raise StoreError(f"{f} is set by the store")
+            if len(v) != 1:
+                raise StoreError(f"column {f!r} has {len(v)} values for 1 rows")
+            if f != "_version":
+                r = ready_of.get(f)
+                if r is not None and r[p]:
+                    raise StoreError(f"field {f!r} written twice on rows {[self._row[p]]}")
+        touched: list = []
+        data, readers = self._data, self._readers
+        for f, v in columns.items():
+            x = v[0]
+            if f == "_version":
+                self._version[p] = UNSET if x is None else x
+                continue
+            col = data.get(f)
+            if col is None:
+                col = data[f] = [None] * len(self._row)
+                ready_of[f] = bytearray(len(self._row))
+                self._new_field()
+            col[p] = x
+            ready_of[f][p] = 1
+            touched += readers.get(f, ())
+        pos = (p,)
         for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
             self._recheck(t, pos)
         self._changed()
@@ -298,7 +332,13 @@ class VStore(VLeases, StoreBase):
         deadline = self._clock() + timeout
 
         def select():
-            rows = t.pop_lowest(n, max_row, self._ok(min_version, filter_fn))
+            ok = self._ok(min_version, filter_fn)
+            if ok is None:  # count first: pop only the rows it leases (a trainer reads often)
+                elig = t.elig
+                k = len(elig) if max_row is None else sum(1 for r in elig if r < max_row)
+                cut = n if k >= n else k // split * split
+                return (t.pop_lowest(cut, max_row, None) if cut else []), True
+            rows = t.pop_lowest(n, max_row, ok)
             if len(rows) < n:
                 cut = len(rows) // split * split
                 t.unpop(rows[cut:])
