@@ -51,6 +51,7 @@ from asyncflow.simulate.workers import (BatchWorker, ServeWorker, SimControl, Si
                                         TrainWorker)
 
 FOREVER = 1e18
+GC_EVENTS = 1 << 20  # events between the run's full collections of cyclic garbage (run)
 
 
 # -- the simulation ------------------------------------------------------------------------------
@@ -135,7 +136,9 @@ class Simulation:
         st = plan.step
         # the virtual-time store (asyncflow/simulate/vstore.py: the in-process store's rules,
         # event-indexed); ``store``: another Store class to run on (the tests compare them)
-        self.store = (store or VStore)(lease_s=FOREVER, clock=lambda: self.now)
+        # (one thread: the VStore takes no lock)
+        self.store = (VStore(lease_s=FOREVER, clock=self._clock, threads=False) if store is None
+                      else store(lease_s=FOREVER, clock=self._clock))
         for t in plan.tasks:
             self.store.register_task(t.name, list(t.inputs))
         self.control = SimControl(self)
@@ -164,6 +167,9 @@ class Simulation:
                                 sum(p.devices for p in plan.pools) or len(plan.workers))
         self._reports: dict[int, dict] = {}
 
+    def _clock(self) -> float:
+        return self.now
+
     # -- events --------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
         self._seq += 1
@@ -174,7 +180,7 @@ class Simulation:
 
     def soon(self, fn, *args) -> None:
         """Run ``fn`` at the current time, after the event being handled (once per instant)."""
-        key = (getattr(fn, "__self__", None), getattr(fn, "__name__", fn), args)
+        key = (fn, args)  # a bound method equals another of the same object and function
         if key in self._soon_keys:
             return
         self._soon_keys.add(key)
@@ -266,13 +272,16 @@ class Simulation:
     def run(self) -> SimResult:
         # the run allocates a few objects per event and frees nearly all of them (no cycles
         # to speak of): Python's cyclic GC, at its default thresholds, walked every live row
-        # again and again (a fifth of the CPU at 512 devices); rarer collections while it runs
-        threshold = gc.get_threshold()
-        gc.set_threshold(max(threshold[0], 50_000), max(threshold[1], 20), max(threshold[2], 100))
+        # again and again (a fifth of the CPU at 512 devices; at raised thresholds still 6% at
+        # 1,024 devices x 16 samples, and none of it found garbage): no automatic collections
+        # while it runs, a full one every GC_EVENTS events (what cycles there are stay bounded)
+        enabled = gc.isenabled()
+        gc.disable()
         try:
             return self._run()
         finally:
-            gc.set_threshold(*threshold)
+            if enabled:
+                gc.enable()
 
     def _run(self) -> SimResult:
         t0 = time.perf_counter()
@@ -282,6 +291,7 @@ class Simulation:
         heap, pop = self._heap, heapq.heappop
         exhaustive, max_events = self.exhaustive, self.max_events
         events = 0  # self.events, kept in a local while the loop runs
+        sweeps = 0  # store sweeps (every 4,096 events)
         while True:
             while self._soon:
                 batch, self._soon = self._soon, []
@@ -308,6 +318,9 @@ class Simulation:
                         self.soon(w.poke)
             if events % 4096 == 0:
                 self.store.gc()
+                sweeps += 1
+                if sweeps % (GC_EVENTS // 4096) == 0:
+                    gc.collect()
         self.events = events
         self._finish(t0)
         return self.result

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from asyncflow.runtime.store.base import StoreBase
 from asyncflow.runtime.store.common import UNSET, Lease, StoreError, check_new_rows
 from asyncflow.simulate.vstore_leases import VLeases
-from asyncflow.simulate.vstore_task import VLease, VTask, select_groups
+from asyncflow.simulate.vstore_task import OneThread, VLease, VTask, select_groups
 
 
 class VStore(VLeases, StoreBase):
@@ -37,8 +37,11 @@ class VStore(VLeases, StoreBase):
     it shares with SampleStore (the lease lifecycle, ``write``, inspection, the snapshot's
     frame) is :class:`~asyncflow.runtime.store.base.StoreBase`."""
 
-    def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, lease_s: float = 60.0, *, clock: Callable[[], float] = time.monotonic,
+                 threads: bool = True):
         self._init_state(lease_s, clock)
+        if not threads:  # one thread (the simulator): no lock to take
+            self._cv = OneThread()
         self._row: list[int] = []  # position -> row
         self._group: list[int] = []
         self._version: list[int] = []
@@ -150,6 +153,8 @@ class VStore(VLeases, StoreBase):
 
     def _write_pos(self, pos: list[int], columns: dict[str, list]) -> None:
         k = len(pos)
+        if k == 1:  # a serve loop writes each sample as it finishes
+            return self._write_one(pos[0], columns)
         ready_of = self._ready
         for f, v in columns.items():
             if f == "_row" or f == "_group":
@@ -186,6 +191,38 @@ class VStore(VLeases, StoreBase):
                     col[p] = x
                     ready[p] = 1
             touched += self._readers.get(f, ())
+        for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
+            self._recheck(t, pos)
+        self._changed()
+
+    def _write_one(self, p: int, columns: dict[str, list]) -> None:
+        """:meth:`_write_pos` of one position ``p`` (the same checks, errors and effects)."""
+        ready_of = self._ready
+        for f, v in columns.items():
+            if f == "_row" or f == "_group":
+                raise StoreError(f"{f} is set by the store")
+            if len(v) != 1:
+                raise StoreError(f"column {f!r} has {len(v)} values for 1 rows")
+            if f != "_version":
+                r = ready_of.get(f)
+                if r is not None and r[p]:
+                    raise StoreError(f"field {f!r} written twice on rows {[self._row[p]]}")
+        touched: list = []
+        data, readers = self._data, self._readers
+        for f, v in columns.items():
+            x = v[0]
+            if f == "_version":
+                self._version[p] = UNSET if x is None else x
+                continue
+            col = data.get(f)
+            if col is None:
+                col = data[f] = [None] * len(self._row)
+                ready_of[f] = bytearray(len(self._row))
+                self._new_field()
+            col[p] = x
+            ready_of[f][p] = 1
+            touched += readers.get(f, ())
+        pos = (p,)
         for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
             self._recheck(t, pos)
         self._changed()
@@ -264,6 +301,19 @@ class VStore(VLeases, StoreBase):
             filter_fn: Callable[[dict], Any] | None = None, min_version: int | None = None,
             fields: list[str] | None = None, lease_s: float | None = None,
             owner: str | None = None) -> Lease | None:
+        if timeout <= 0 and not whole_groups and filter_fn is None and min_version is None:
+            with self._cv:  # the simulator's reads: the lowest rows, now or never
+                t = self._task(task)
+                now = self._clock()
+                self._expire_locked(now)
+                need = max(int(min_rows), 1)
+                if len(t.elig) < need:
+                    return None
+                rows = t.pop_lowest(n, max_row, None)
+                if len(rows) < need:
+                    t.unpop(rows)
+                    return None
+                return self._lease_locked(t, rows, fields, now, lease_s, owner)
         deadline = self._clock() + timeout
         with self._cv:
             t = self._task(task)
@@ -282,7 +332,13 @@ class VStore(VLeases, StoreBase):
         deadline = self._clock() + timeout
 
         def select():
-            rows = t.pop_lowest(n, max_row, self._ok(min_version, filter_fn))
+            ok = self._ok(min_version, filter_fn)
+            if ok is None:  # count first: pop only the rows it leases (a trainer reads often)
+                elig = t.elig
+                k = len(elig) if max_row is None else sum(1 for r in elig if r < max_row)
+                cut = n if k >= n else k // split * split
+                return (t.pop_lowest(cut, max_row, None) if cut else []), True
+            rows = t.pop_lowest(n, max_row, ok)
             if len(rows) < n:
                 cut = len(rows) // split * split
                 t.unpop(rows[cut:])

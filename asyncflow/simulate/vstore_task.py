@@ -8,6 +8,29 @@ from bisect import insort
 from heapq import heappop, heappush
 from typing import Callable
 
+from asyncflow.runtime.store.common import StoreError
+
+
+class OneThread:
+    """The condition of a :class:`~asyncflow.simulate.vstore.VStore` that one thread uses
+    (``threads=False``: the simulator's): entering it costs nothing, and a read that would
+    wait for another thread's write is an error (no other thread can write)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> "OneThread":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def notify_all(self) -> None:
+        return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        raise StoreError("a read with a timeout on a one-thread VStore: nothing can write "
+                         "while it waits")
+
 
 class VLease:
     """A live lease (its task, positions, rows, deadline, owner)."""
@@ -166,4 +189,4 @@ def select_groups(cand: list[int], groups: list[int], n_groups: int, size: int) 
     return out
 
 
-__all__ = ["VLease", "VTask", "select_groups"]
+__all__ = ["OneThread", "VLease", "VTask", "select_groups"]

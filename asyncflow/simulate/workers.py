@@ -39,10 +39,7 @@ class _Versions:
         self.w = worker
         self.known = {m: 0 for m in models}
         self.exposed_s = 0.0
-
-    @property
-    def version(self) -> int:
-        return min(self.known.values()) if self.known else 0
+        self.version = 0  # min(known): read on every op, changed only by adopt
 
     def adopt(self, newer: dict) -> bool:
         took = False
@@ -51,6 +48,7 @@ class _Versions:
                 self.known[model] = version
                 took = True
         if took:
+            self.version = min(self.known.values())
             self.w.adopted()
         return took
 
