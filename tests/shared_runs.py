@@ -61,7 +61,7 @@ def shipped_run(tmp_path_factory, name: str, backend: str) -> Run:
                 "--quiet", "--steps", str(STEPS), *SHRINK.get(stem, [])]
         if any(part in stem for part in OWN_PROCESS):
             p = subprocess.run([sys.executable, "-m", "asyncflow.cli", *args], capture_output=True,
-                               text=True, timeout=300, cwd=ROOT)
+                               text=True, timeout=900, cwd=ROOT)
             _RUNS[key] = Run(out, p.returncode, p.stdout, p.stderr)
         else:
             _RUNS[key] = _in_process(out, args)

@@ -146,7 +146,7 @@ def test_run_a_checkpoint_directory_with_chat_data_from_another_directory(chat_d
     assert r.returncode == 0 and "model actor: directory" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", "../project/pipeline.yaml",
                         "--backend", "local", "--out", str(tmp_path / "run")],
-                       cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in metrics if "step" in m]) >= 2
@@ -168,7 +168,7 @@ def test_chat_data_for_a_factory_model_without_a_template_stops_at_start_up(tmp_
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", "pipeline.yaml", "--backend",
                         backend, "--out", str(tmp_path / "run")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 2, out[-3000:]
     assert "pipeline.yaml:3:17: AF651" in out and "Traceback" not in out, out[-3000:]

@@ -31,7 +31,7 @@ def run(out: Path, *extra: str, backend: str = "ray", steps: int = 2):
     cmd = [sys.executable, "-m", "asyncflow.cli", "run", str(PIPELINE), "--backend", backend,
            "--steps", str(steps), "--out", str(out), "--quiet", "--stall-timeout", "120",
            *SMALL, *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=str(out.parent))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=str(out.parent))
 
 
 def train_rows(out: Path) -> dict[int, list[int]]:
@@ -107,7 +107,7 @@ def test_zero3_replicas_checkpoint_and_resume_through_the_runtime(tmp_path):
     again = subprocess.run(
         [sys.executable, "-m", "asyncflow.cli", "run", str(PIPELINE), "--resume", str(out),
          "--steps", "3", "--quiet", "--stall-timeout", "120", *SMALL, *z3],
-        capture_output=True, text=True, timeout=540, cwd=str(tmp_path))
+        capture_output=True, text=True, timeout=900, cwd=str(tmp_path))
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     resumed = [json.loads(line) for line in (out / "resume.jsonl").read_text().splitlines()]
     assert [r["version"] for r in resumed] == [1]  # from step_1's checkpoint (the newest)

@@ -88,7 +88,7 @@ def cluster():
         c.shutdown()
 
 
-def _run(tmp_path, address: str, label: str, timeout: float = 240):
+def _run(tmp_path, address: str, label: str, timeout: float = 600):
     path = tmp_path / f"{label}.yaml"
     path.write_text(PIPELINE.replace("ROLLOUT_LABEL", label))
     out = tmp_path / f"run_{label}"

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from shared_runs import OWN_PROCESS, CliTimeout, in_process  # noqa: E402
 
 RUN_TIMEOUT = 240  # seconds for one 2-step local run (they take ~5 s; a hang fails)
-RAY_TIMEOUT = 240
+RAY_TIMEOUT = 600  # 121 s beside two CPU hogs
 
 
 def _has(module: str) -> bool:

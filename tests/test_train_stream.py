@@ -370,7 +370,7 @@ def test_deepspeed_two_replicas_stream_reaches_one_replica_weights(process_group
             args={"threads": 1, "lr": 1e-4, "micro_batch": MICRO, "zero_stage": 2,
                   "master_port": port})) for r in range(2)]
         metrics = ray.get([e.train_stream.remote([rows_of(batch, mb) for mb in p])
-                           for e, p in zip(reps, parts)], timeout=300)
+                           for e, p in zip(reps, parts)], timeout=900)  # a hang guard: 256 s beside two CPU hogs
         weights = ray.get([e.export_weights.remote() for e in reps], timeout=120)
     finally:
         ray.shutdown()

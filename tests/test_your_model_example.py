@@ -49,7 +49,7 @@ def test_example_checks_from_another_directory(example, tmp_path):
 def test_example_runs_and_its_export_loads(example, tmp_path, backend):
     out = tmp_path / "run"
     r = _run([*CLI, "run", str(example / "pipeline.yaml"), "--backend", backend, "--steps", "3",
-              "--out", str(out), "--quiet", "--log-samples", "1"], cwd=tmp_path, timeout=400)
+              "--out", str(out), "--quiet", "--log-samples", "1"], cwd=tmp_path, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     rows = [json.loads(x) for x in open(out / "metrics.jsonl")]
     steps = [x for x in rows if "reward_mean" in x]
