@@ -44,6 +44,25 @@ def test_out_into_a_run_needs_resume_or_force(run, tmp_path):
     assert (d / "notes.txt").read_text() == "mine"  # not asyncflow's: kept
 
 
+def test_a_run_that_stopped_before_its_first_step_says_force_replaces_it(run, tmp_path):
+    """A run that never ended a step (say its Ray did not start: AF613) left plan.json only:
+    AF622 says that there is nothing to resume and --force replaces it; a run with steps is
+    not described so."""
+    d = tmp_path / "run"
+    assert run("--steps", "2", "--out", str(d))[0] == 0
+    rc, out = run("--steps", "2", "--out", str(d))
+    assert rc == 2 and "AF622" in out and "before its first step" not in out, out
+    for f in ("metrics.jsonl", "train_rows.jsonl", "samples.jsonl", "trace.json", "final"):
+        p = d / f
+        if p.is_dir():
+            import shutil
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    rc, out = run("--steps", "2", "--out", str(d))
+    assert rc == 2 and "AF622" in out and "before its first step" in out and "--force" in out, out
+
+
 def test_resume_of_nothing_is_an_error(run, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

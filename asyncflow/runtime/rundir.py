@@ -50,10 +50,10 @@ class Claim:
             self.fd = -1
 
 
-def _err(code: str, **fmt):
+def _err(code: str, hint: str | None = None, **fmt):
     from asyncflow.diagnostics import error
 
-    return error(code, None, **fmt)
+    return error(code, None, hint, **fmt)
 
 
 def _lock(run_dir: str) -> int:
@@ -143,7 +143,11 @@ def claim(run_dir: str, plan: Any, *, resume: bool, force: bool) -> Claim:
                              "anyway (--force)")
             notes.append(f"resuming from {ck}")
         elif found and not force:
-            raise _err("AF622", run_dir=run_dir, files=", ".join(found))
+            hint = None
+            if not {"metrics.jsonl", checkpoint.CKPT_DIR, "final"} & set(found):
+                hint = ("the run there stopped before its first step ended (no metrics.jsonl, "
+                        "no checkpoint): nothing to resume; --force replaces it")
+            raise _err("AF622", hint=hint, run_dir=run_dir, files=", ".join(found))
         elif found:
             ours = manifest(run_dir)
             theirs = [f for f in found if f not in ours]
