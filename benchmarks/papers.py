@@ -57,7 +57,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from papers_plots import ALPHA, PAPER, plot_asyncflow, plot_roll, plot_transfer  # noqa: E402
+from papers_report import (ALPHA, PAPER, TRANSFERS, f1, f2, plot_asyncflow,  # noqa: E402
+                           plot_roll, table, transfer_figures)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT / "benchmarks" / "papers"
@@ -74,7 +75,6 @@ QUICK = {"sizes": [8, 64, 512], "alpha_sizes": {"rlvr": [64]}, "alphas": [0, 1, 
          "cluster": [16, 64, 256], "ablation_at": 64, "prompts": 64, "steps": 8, "periods": 2}
 # --transfer: a 7B model in bf16 (14 GB a sync), by each method over its usual link
 PARAMS_7B = 7e9
-TRANSFERS = {"store": ("store", "ethernet"), "collective": ("collective", "infiniband")}
 WORKLOADS = {"rlvr": "roll_flash.yaml", "agentic": "roll_flash_agentic.yaml"}
 
 
@@ -324,27 +324,6 @@ def asyncflow_jobs(cfg: dict, base: dict) -> list:
     return jobs
 
 
-def fmt_row(cells: list, widths: list[int]) -> str:
-    return "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
-
-
-def table(title: str, head: list[str], rows: list[list]) -> None:
-    widths = [max(len(str(x)) for x in [h] + [r[i] for r in rows]) for i, h in enumerate(head)]
-    print(f"\n{title}")
-    print(fmt_row(head, widths))
-    print(fmt_row(["-" * w for w in widths], widths))
-    for r in rows:
-        print(fmt_row(r, widths))
-
-
-def f1(x: float) -> str:
-    return f"{x:.1f}"
-
-
-def f2(x: float) -> str:
-    return f"{x:.2f}"
-
-
 def roll_figures(cfg: dict, bases: dict, res: dict, plots: bool) -> dict:
     out: dict = {"speedup": {}, "alpha": {}}
     for wl, base in bases.items():
@@ -431,44 +410,6 @@ def asyncflow_figures(cfg: dict, base: dict, res: dict, plots: bool) -> dict:
     return {"ablation_at": d0, "scaling": out, "mean_speedup": mean}
 
 
-def transfer_figures(cfg: dict, bases: dict, af: dict, res: dict, plots: bool) -> dict:
-    """Figures 1a and 3 with a 7B model's sync by each method, beside the transfer-free runs."""
-    methods = ["none", *TRANSFERS]
-
-    def compare(x_name: str, xs: list, names: tuple[str, str], keys) -> tuple[list, list]:
-        """Per x, per method: the baseline run, the asynchronous one and their ratio."""
-        pts, rows = [], []
-        for x in xs:
-            pt, row = {x_name: x}, [x]
-            for m in methods:
-                base, asy = (res[k if m == "none" else f"{m}:{k}"]["samples_per_s"]
-                             for k in keys(x))
-                pt[m] = {names[0]: base, names[1]: asy, "speedup": asy / base}
-                row += [f1(base), f1(asy), f2(asy / base)]
-            pts.append(pt)
-            rows.append(row)
-        return pts, rows
-
-    out: dict = {"roll": {}, "asyncflow": []}
-    for wl in bases if cfg["sizes"] else ():
-        out["roll"][wl], rows = compare(
-            "K", cfg["sizes"], ("sync", "async"),
-            lambda k: (f"{wl}/sync/{k}", f"{wl}/async{ALPHA}/{k}"))  # noqa: B023
-        table(f"ROLL Flash, figure 1a ({wl}) with a 7B model's weight sync (bf16, 14 GB; store "
-              "over 25 GbE, collective over NDR InfiniBand; none: the figure above), samples/s",
-              ["K"] + [f"{m} {x}" for m in methods for x in ("sync", "async", "speedup")], rows)
-    if af is not None and any(k.startswith("af/") for k in res):
-        out["asyncflow"], rows = compare("D", cfg["cluster"], ("colocated", "async"),
-                                         lambda d: (f"af/colocated/{d}", f"af/async/{d}"))
-        table("AsyncFlow, throughput against cluster size D with a 7B model's weight sync "
-              "(colocated sync baseline, full AsyncFlow, speedup), samples/s",
-              ["D"] + [f"{m} {x}" for m in methods for x in ("coloc.", "async", "speedup")],
-              rows)
-    if plots:
-        plot_transfer(cfg, out, OUT["dir"])
-    return out
-
-
 # -- main ------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -519,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         report["workloads"]["asyncflow"] = work(af)
     if args.transfer:
         report["transfer"] = transfer_figures(cfg, bases if "roll" in only else {},
-                                              af if "asyncflow" in only else None, res, plots)
+                                              af if "asyncflow" in only else None, res, plots,
+                                              OUT["dir"])
     wall = time.perf_counter() - t0
     sim_s = sum(v["wall_s"] for v in res.values())
     largest = [f"rlvr/async{ALPHA}/{cfg['sizes'][-1]}"] if cfg["sizes"] else []

@@ -1,5 +1,6 @@
-"""The PNGs of ``benchmarks/papers.py`` (ROLL Flash's and AsyncFlow's figures in simulation;
-docs/papers.md), drawn with :func:`asyncflow.viz.chart.line_chart` into ``out_dir``."""
+"""The tables and PNGs of ``benchmarks/papers.py`` (ROLL Flash's and AsyncFlow's figures in
+simulation; docs/papers.md): tables on stdout, PNGs drawn with
+:func:`asyncflow.viz.chart.line_chart` into ``out_dir``."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,68 @@ from pathlib import Path
 PAPER = {"rlvr": 2.24, "agentic": 2.72, "asyncflow_avg": 1.59, "asyncflow_max": 2.03}
 ALPHA = 2  # ROLL Flash's asynchronous runs in figure 1
 SIZE = {"width": 1000, "height": 560}
+# --transfer: each method of syncing a 7B model over its usual link (asyncflow.simulate.links)
+TRANSFERS = {"store": ("store", "ethernet"), "collective": ("collective", "infiniband")}
+
+
+def fmt_row(cells: list, widths: list[int]) -> str:
+    return "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
+
+
+def table(title: str, head: list[str], rows: list[list]) -> None:
+    widths = [max(len(str(x)) for x in [h] + [r[i] for r in rows]) for i, h in enumerate(head)]
+    print(f"\n{title}")
+    print(fmt_row(head, widths))
+    print(fmt_row(["-" * w for w in widths], widths))
+    for r in rows:
+        print(fmt_row(r, widths))
+
+
+def f1(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def f2(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def transfer_figures(cfg: dict, bases: dict, af: dict, res: dict, plots: bool,
+                     out_dir: Path) -> dict:
+    """Figures 1a and 3 with a 7B model's sync by each method, beside the transfer-free runs."""
+    methods = ["none", *TRANSFERS]
+
+    def compare(x_name: str, xs: list, names: tuple[str, str], keys) -> tuple[list, list]:
+        """Per x, per method: the baseline run, the asynchronous one and their ratio."""
+        pts, rows = [], []
+        for x in xs:
+            pt, row = {x_name: x}, [x]
+            for m in methods:
+                base, asy = (res[k if m == "none" else f"{m}:{k}"]["samples_per_s"]
+                             for k in keys(x))
+                pt[m] = {names[0]: base, names[1]: asy, "speedup": asy / base}
+                row += [f1(base), f1(asy), f2(asy / base)]
+            pts.append(pt)
+            rows.append(row)
+        return pts, rows
+
+    out: dict = {"roll": {}, "asyncflow": []}
+    for wl in bases if cfg["sizes"] else ():
+        out["roll"][wl], rows = compare(
+            "K", cfg["sizes"], ("sync", "async"),
+            lambda k: (f"{wl}/sync/{k}", f"{wl}/async{ALPHA}/{k}"))  # noqa: B023
+        table(f"ROLL Flash, figure 1a ({wl}) with a 7B model's weight sync (bf16, 14 GB; store "
+              "over 25 GbE, collective over NDR InfiniBand; none: the figure above), samples/s",
+              ["K"] + [f"{m} {x}" for m in methods for x in ("sync", "async", "speedup")], rows)
+    if af is not None and any(k.startswith("af/") for k in res):
+        out["asyncflow"], rows = compare("D", cfg["cluster"], ("colocated", "async"),
+                                         lambda d: (f"af/colocated/{d}", f"af/async/{d}"))
+        table("AsyncFlow, throughput against cluster size D with a 7B model's weight sync "
+              "(colocated sync baseline, full AsyncFlow, speedup), samples/s",
+              ["D"] + [f"{m} {x}" for m in methods for x in ("coloc.", "async", "speedup")],
+              rows)
+    if plots:
+        plot_transfer(cfg, out, out_dir)
+    return out
 
 
 def plot_roll(cfg: dict, bases: dict, out: dict, n: int, out_dir: Path) -> None:
