@@ -50,7 +50,10 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None,
             return ray, True
         except Exception as e:  # noqa: BLE001 -- Ray raises a bare Exception here; reported below
             why = f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}" if str(e) else repr(e)
-            ray.shutdown()  # the processes this attempt started
+            try:
+                ray.shutdown()  # the processes this attempt started
+            except Exception as e2:  # noqa: BLE001 -- reported with the start's own error
+                why += f"; stopping what it started also failed: {e2.__class__.__name__}: {e2}"
             if attempt + 1 < START_ATTEMPTS:
                 print(f"asyncflow: a local Ray did not start ({why}); trying once more",
                       file=sys.stderr)
