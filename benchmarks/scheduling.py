@@ -19,6 +19,10 @@ stream          ``stream`` false vs true at alpha 0 with a slower trainer (Async
                 streaming into the trainer, its "store alone" ablation)
 schedule        ``schedule: batch`` vs ``queue`` at alpha 1
 on_update       ``finish`` / ``continue`` / ``abort`` at alpha 1
+defaults        at alpha 1 and 2: in_order (default on_update, finish) vs first_ready with
+                ``on_update: finish`` written (the old default) vs first_ready with the
+                default (now ``continue``); the ``bound`` column is samples/s as a share of
+                the trainer's bound (1 / seconds_per_sample)
 ==============  ==========================================================================
 
 Figures measured on the 2-core development machine are in ``benchmarks/README.md``.
@@ -45,6 +49,16 @@ GROUPS = {
                                    "tasks.update.consume=first_ready"]),
         ("in_order, finish", ["sync.0.max_staleness=1"]),
         ("first_ready, finish", ["sync.0.max_staleness=1", "tasks.update.consume=first_ready"]),
+    ],
+    # the defaults at alpha >= 1: on_update written "finish" (the old default) vs left out (now
+    # "continue" for a queue rollout feeding a first_ready trainer at alpha >= 1)
+    "defaults": [
+        (f"{c}, {u or 'default'}, a{a}",
+         [f"sync.0.max_staleness={a}"] + (["tasks.update.consume=first_ready"] if c != "in_order"
+                                          else [])
+         + ([f"tasks.generate.on_update={u}"] if u else []))
+        for a in (1, 2) for c, u in (("in_order", ""), ("first_ready", "finish"),
+                                     ("first_ready", ""))
     ],
     "redundancy": [
         (f"redundancy {r}", ["sync.0.max_staleness=1", PARETO, "tasks.generate.on_update=continue",
@@ -82,6 +96,9 @@ def run_one(sets: list[str], steps: int, backend: str) -> dict:
             "aborted": last.get("aborted", 0), "samples": samples}
 
 
+BOUND = 1 / 0.002  # the trainer's bound, samples/s (WORKLOAD's seconds_per_sample)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="local", choices=["local", "ray"])
@@ -91,7 +108,7 @@ def main(argv=None) -> int:
     only = [g for g in a.only.split(",") if g] or list(GROUPS)
     print(f"workload: {PIPELINE} + {' '.join(WORKLOAD)}; {a.steps} steps, {a.backend} backend")
     print(f"{'group':<11} {'setting':<24} {'samples/s':>10} {'ratio':>6} {'stale':>6} "
-          f"{'dropped':>8} {'cancel':>7} {'abort':>6} {'wall s':>7}")
+          f"{'dropped':>8} {'cancel':>7} {'abort':>6} {'wall s':>7} {'bound':>6}")
     for g in only:
         base = None
         for label, sets in GROUPS[g]:
@@ -100,7 +117,7 @@ def main(argv=None) -> int:
             print(f"{g:<11} {label:<24} {m['samples_per_s']:>10.1f} "
                   f"{m['samples_per_s'] / base:>5.2f}x {m['staleness']:>6.2f} "
                   f"{m['stale_dropped']:>8} {m['cancelled']:>7} {m['aborted']:>6} "
-                  f"{m['wall_s']:>7.1f}", flush=True)
+                  f"{m['wall_s']:>7.1f} {m['samples_per_s'] / BOUND:>6.0%}", flush=True)
     return 0
 
 

@@ -248,6 +248,19 @@ def test_af380_on_update_without_new_weights_or_with_batch(tmp_path):
                                  "tasks.generate.on_update=finish"]) == []  # finish is batch's way
 
 
+def test_af329_finish_defeats_first_ready(tmp_path):
+    text = BASE.replace("    loss: grpo", "    loss: grpo\n    consume: first_ready")
+    assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    on_update: finish"),
+                  tmp_path) == ["AF329"]
+    assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    schedule: batch"),
+                  tmp_path) == ["AF329"]
+    assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    on_update: continue"),
+                  tmp_path) == []
+    # at alpha 0 there is no buffer to defeat (AF382 says so)
+    assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    on_update: finish")
+                  .replace("max_staleness: 1", "max_staleness: 0"), tmp_path) == ["AF382"]
+
+
 def test_af382_first_ready_at_staleness_0(tmp_path):
     text = BASE.replace("    loss: grpo", "    loss: grpo\n    consume: first_ready")
     assert _codes(text, tmp_path) == []
@@ -444,7 +457,9 @@ def test_compile_shows_the_scheduling():
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "scheduling" in out
-    assert "queue, redundancy 1.25, on_update finish" in out
+    # on_update defaults to continue for a queue rollout feeding a first_ready trainer at alpha
+    # >= 1 (it was finish, which defeats the buffer: AF329)
+    assert "queue, redundancy 1.25, on_update continue" in out
     assert "first_ready, stream" in out
     assert "refill" in out
     assert "groups launched per step (8 extra" in out and "40" in out

@@ -33,6 +33,8 @@ class SyncFacts:
     synced: frozenset = frozenset()  # tasks a sync edge from a train task brings weights
     alpha: dict = field(default_factory=dict)  # train task -> its sync edges' largest alpha
     samples_per_step: int = 0
+    # rollout task -> the train task with consume: first_ready whose weights it takes at alpha >= 1
+    first_ready: dict = field(default_factory=dict)
 
 
 class KindRules:

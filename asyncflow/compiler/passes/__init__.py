@@ -39,7 +39,9 @@ def scheduling(graph: Graph, task: str) -> dict:
     source says, else the kind's default (:data:`asyncflow.kinds.SCHED`); a kind that does not
     take a key keeps the plan's neutral value ("" / 1.0 / False).
 
-    ``stream`` defaults to ``args.micro_batch < samples_per_step`` (no micro_batch: False)."""
+    ``stream`` defaults to ``args.micro_batch < samples_per_step`` (no micro_batch: False);
+    ``on_update`` of a ``schedule: queue`` rollout fed by a ``consume: first_ready`` trainer at
+    ``max_staleness`` >= 1 to ``continue`` (else ``finish``)."""
     d = graph.node(task).defn
     takes = KINDS[d.kind].needs + KINDS[d.kind].takes
     out: dict = {"schedule": "", "redundancy": 1.0, "on_update": "", "consume": "",
@@ -52,10 +54,22 @@ def scheduling(graph: Graph, task: str) -> dict:
             mb = d.args.get("micro_batch")
             v = isinstance(mb, int) and not isinstance(mb, bool) and \
                 1 <= mb < graph.pipeline.step.samples_per_step
+        elif v is None and key == "on_update" and out["schedule"] == "queue" \
+                and _first_ready_source(graph, task):
+            v = "continue"  # finish would drain every slot before adopting: the buffer's defeat
         elif v is None:
             v = spec.default
         out[key] = float(v) if key == "redundancy" else v
     return out
+
+
+def _first_ready_source(graph: Graph, task: str) -> bool:
+    """Whether a sync edge brings ``task`` the weights of a ``consume: first_ready`` trainer at
+    ``max_staleness`` >= 1: its ``on_update`` then defaults to ``continue`` (README,
+    "Scheduling": with ``finish`` the trainer waits for the slowest sample either way)."""
+    p = graph.pipeline
+    return any(s.dst == task and s.max_staleness >= 1 and s.src in p.tasks
+               and p.tasks[s.src].consume == "first_ready" for s in p.sync)
 
 
 def launch_groups(graph: Graph) -> int:

@@ -349,14 +349,18 @@ def _unsplittable(p: ast.Pipeline) -> str | None:
 # -- 7. scheduling keys ---------------------------------------------------------------------------
 def _scheduling(p: ast.Pipeline, d: Diagnostics) -> None:
     """What a scheduling key written in the source does here: the ones that can do nothing are
-    warned about (AF380-AF383). Keys on a kind that does not take them are rule 3's AF326."""
+    warned about (AF380-AF383), and so is a first_ready buffer the
+    rollout's ``on_update: finish`` defeats (AF329). Keys on a kind that does not take them are rule 3's AF326."""
     trained = {t.model for t in p.tasks.values()
                if rules_of(t.kind).trains and t.model in p.models and not p.models[t.model].frozen}
     synced = {s.dst for s in p.sync if s.src in p.tasks and rules_of(p.tasks[s.src].kind).trains}
     alpha: dict[str, int] = {}  # train task -> the largest max_staleness of its sync edges
     for s in p.sync:
         alpha[s.src] = max(alpha.get(s.src, 0), s.max_staleness)
-    facts = SyncFacts(frozenset(trained), frozenset(synced), alpha, p.step.samples_per_step)
+    first_ready = {s.dst: s.src for s in p.sync if s.src in p.tasks and s.max_staleness >= 1
+                   and p.tasks[s.src].consume == "first_ready"}
+    facts = SyncFacts(frozenset(trained), frozenset(synced), alpha, p.step.samples_per_step,
+                      first_ready)
     for t in p.tasks.values():
         rules_of(t.kind).check_scheduling(t, facts, d)
 
