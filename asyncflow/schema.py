@@ -128,7 +128,9 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                     "call (the baseline).",
         "redundancy": "Rollout tasks: launch this many times the groups a step needs (1.25: 25% "
                       "more); the first finished are trained, the rest cancelled and counted. "
-                      "Default 1.0: none.",
+                      "Default 1.0: none; for a queue rollout on a trained model fed by a "
+                      "consume: first_ready trainer at max_staleness >= 1, one group more than "
+                      "prompts_per_step a step (the buffer's spare).",
         "on_update": "Rollout tasks: what in-flight samples do when new weights arrive. finish "
                      "(the default): finish with the old version; abort: restart with the new "
                      "weights; continue: keep the tokens and go on with the new weights (the "

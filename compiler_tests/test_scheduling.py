@@ -310,6 +310,23 @@ def test_stream_default_is_micro_batch_below_the_step(args, stream):
     assert task(plan, "update").stream is stream
 
 
+def test_first_ready_launches_one_group_ahead_by_default():
+    """A queue rollout fed by a first_ready trainer at alpha >= 1 launches prompts_per_step + 1
+    groups a step (redundancy (pps+1)/pps in the plan) and continues on new weights; a written
+    redundancy (1.0 too), in_order, alpha 0 or a batch rollout keep exactly prompts_per_step."""
+    fr = BASE.replace("    loss: grpo", "    loss: grpo\n    consume: first_ready")
+    pps = plan_of(BASE).step.prompts_per_step
+    plan = plan_of(fr)
+    assert plan.step.launch_groups == pps + 1
+    g = task(plan, "generate")
+    assert (g.on_update, g.redundancy) == ("continue", (pps + 1) / pps)
+    for text, sets in ((BASE, ()), (fr, ["tasks.generate.redundancy=1.0"]),
+                       (fr, ["sync.0.max_staleness=0"]), (fr, ["tasks.generate.schedule=batch"])):
+        p = plan_of(text, sets)
+        assert p.step.launch_groups in (0, pps), (sets, p.step.launch_groups)
+        assert task(p, "generate").redundancy == 1.0, sets
+
+
 def test_written_values_win():
     plan = plan_of(SCHED_YAML)
     assert sched(task(plan, "generate")) == {"schedule": "batch", "redundancy": 1.25,

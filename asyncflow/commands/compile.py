@@ -149,7 +149,9 @@ def plan_tables(plan):
     batch.add_row("steps", str(st.steps))
     if st.launch_groups:
         extra = st.launch_groups - st.prompts_per_step
-        batch.add_row("groups launched per step" + (f" ({extra} extra, cancelled when not needed)"
+        spare = ("trained by later steps or dropped when too stale (first_ready)"
+                 if any(t.consume == "first_ready" for t in plan.tasks) else "cancelled when not needed")
+        batch.add_row("groups launched per step" + (f" ({extra} extra, {spare})"
                                                     if extra > 0 else ""), str(st.launch_groups))
     if st.replace:
         batch.add_row("dropped groups replaced by new prompts", ", ".join(st.replace))

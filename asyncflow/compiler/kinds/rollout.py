@@ -63,7 +63,7 @@ class RolloutRules(KindRules):
         if not task.schedule:
             return "", ""
         st = plan.step
-        short = f"{task.schedule}, redundancy {task.redundancy:g}, on_update {task.on_update}"
+        short = f"{task.schedule}, redundancy {task.redundancy:.3g}, on_update {task.on_update}"
         words = ["each sample is its own request, sent as a slot frees" if task.schedule == "queue"
                  else "whole batches per engine call"]
         if task.redundancy > 1:

@@ -41,7 +41,9 @@ def scheduling(graph: Graph, task: str) -> dict:
 
     ``stream`` defaults to ``args.micro_batch < samples_per_step`` (no micro_batch: False);
     ``on_update`` of a ``schedule: queue`` rollout fed by a ``consume: first_ready`` trainer at
-    ``max_staleness`` >= 1 to ``continue`` (else ``finish``)."""
+    ``max_staleness`` >= 1 to ``continue`` (else ``finish``), and such a rollout's ``redundancy``
+    (on a trained model) to one group more than ``prompts_per_step`` a step
+    (:func:`_launches_ahead`)."""
     d = graph.node(task).defn
     takes = KINDS[d.kind].needs + KINDS[d.kind].takes
     out: dict = {"schedule": "", "redundancy": 1.0, "on_update": "", "consume": "",
@@ -57,6 +59,9 @@ def scheduling(graph: Graph, task: str) -> dict:
         elif v is None and key == "on_update" and out["schedule"] == "queue" \
                 and _first_ready_source(graph, task):
             v = "continue"  # finish would drain every slot before adopting: the buffer's defeat
+        elif v is None and key == "redundancy" and _launches_ahead(graph, task):
+            pps = graph.pipeline.step.prompts_per_step
+            v = (pps + 1) / pps  # one group ahead a step (launch_groups: exactly pps + 1)
         elif v is None:
             v = spec.default
         out[key] = float(v) if key == "redundancy" else v
@@ -70,6 +75,21 @@ def _first_ready_source(graph: Graph, task: str) -> bool:
     p = graph.pipeline
     return any(s.dst == task and s.max_staleness >= 1 and s.src in p.tasks
                and p.tasks[s.src].consume == "first_ready" for s in p.sync)
+
+
+def _launches_ahead(graph: Graph, task: str) -> bool:
+    """Whether ``task``, a ``schedule: queue`` rollout on a trained model with no ``redundancy``
+    written, is fed by a ``consume: first_ready`` trainer at ``max_staleness`` >= 1: a step then
+    launches one group more than it trains by default (README, "Scheduling": with exactly
+    ``prompts_per_step`` groups a version the buffer holds no spare group, and a step waits for
+    its slowest one; one more lifts the simulated long tail at alpha 1 from 85% to 100% of the
+    trainer's bound)."""
+    d = graph.node(task).defn
+    if not rules_of(d.kind).samples or d.redundancy is not None or d.schedule == "batch":
+        return False
+    trained = {m for m in train_tasks_of(graph)
+               if m in graph.pipeline.models and not graph.pipeline.models[m].frozen}
+    return d.model in trained and _first_ready_source(graph, task)
 
 
 def launch_groups(graph: Graph) -> int:
@@ -86,6 +106,8 @@ def launch_groups(graph: Graph) -> int:
             r = d.redundancy
             r = Fraction(r) if isinstance(r, int) else Fraction(repr(float(r)))
             most = max(most, math.ceil(pps * r))
+        elif _launches_ahead(graph, t.name):
+            most = max(most, pps + 1)
     return most
 
 

@@ -325,7 +325,7 @@ class Driver:
             be.join(timeout=float(self.options.get("join_s", 10.0)))
         try:
             c = ctl.collect()
-            book.spans.extend(c["spans"])
+            book.take(c)  # its spans, and the drops after the last step (counted as the store did)
             self._take_events(c, records)
         except ControlLost as e:
             log.warning("the workers' last spans and events are lost with the control actor "
