@@ -137,7 +137,7 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                      "sample's version is its oldest). The default is continue instead for a "
                      "schedule: queue rollout whose weights come from a consume: first_ready "
                      "trainer at max_staleness >= 1 (finish would wait for the slowest sample "
-                     "before each adoption, which defeats the buffer: AF329).",
+                     "before each adoption, which defeats the buffer where no spare group is launched: AF329).",
         "consume": "Train tasks: which samples a train step takes. in_order (the default): step "
                    "n trains exactly step n's rows (deterministic; max_staleness 0 equals the "
                    "synchronous loop). first_ready: step n takes the first ready samples with "

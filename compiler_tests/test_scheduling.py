@@ -250,8 +250,13 @@ def test_af380_on_update_without_new_weights_or_with_batch(tmp_path):
 
 def test_af329_finish_defeats_first_ready(tmp_path):
     text = BASE.replace("    loss: grpo", "    loss: grpo\n    consume: first_ready")
-    assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    on_update: finish"),
-                  tmp_path) == ["AF329"]
+    # finish with no spare group: every step waits for its slowest sample
+    assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    on_update: finish\n"
+                               "    redundancy: 1.0"), tmp_path) == ["AF329"]
+    # finish with the default spare group (one ahead) or a written one keeps the buffer going
+    for extra in ("", "\n    redundancy: 1.25"):
+        assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    on_update: finish"
+                                   + extra), tmp_path) == [], extra
     assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    schedule: batch"),
                   tmp_path) == ["AF329"]
     assert _codes(text.replace("    pool: rollout", "    pool: rollout\n    on_update: continue"),

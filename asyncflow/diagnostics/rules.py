@@ -117,13 +117,15 @@ CODES = [
                 at="2\n    consume"),)),
     Code("AF329", "first-ready-drained",
          "on_update: finish{written} of rollout '{task}' defeats consume: first_ready of train "
-         "task '{trainer}': the rollout takes up new weights only once every sample in flight "
-         "has finished, so each step still waits for the slowest sample, whichever rows it "
-         "trains (simulated, benchmarks/scheduling.py's long tail at alpha 1: first_ready 40.0 "
-         "vs in_order 40.4 samples/s with finish, 197.0 vs 71.6 with continue)",
+         "task '{trainer}' with no spare group launched ({spare}): the rollout takes up new "
+         "weights only once every sample in flight has finished, so each step still waits for "
+         "the slowest sample, whichever rows it trains (simulated, benchmarks/scheduling.py's "
+         "long tail at alpha 1: first_ready 40.0 vs in_order 40.4 samples/s; with one group "
+         "ahead 218.4, and 339.3 with on_update: continue)",
          (_edit(("    loss: grpo", "    loss: grpo\n    consume: first_ready"),
                 ("    model: policy\n    pool: rollout",
-                 "    model: policy\n    pool: rollout\n    on_update: finish"), at="finish"),),
+                 "    model: policy\n    pool: rollout\n    on_update: finish\n    redundancy: 1.0"),
+                at="finish"),),
          severity=_W),
     Code("AF325", "missing-for-kind", "task '{task}' of kind {kind} needs '{key}'{why}",
          (mutate("    engine: hf\n    model: reference\n", "    model: reference\n", at="ref:"),

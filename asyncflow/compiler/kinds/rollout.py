@@ -30,16 +30,26 @@ class RolloutRules(KindRules):
                       why="with schedule: batch it takes up new weights between engine calls, "
                           "when no sample is in flight")
         trainer = facts.first_ready.get(t.name)
-        if trainer is not None and (t.on_update == "finish"
-                                    or (t.on_update is None and t.schedule == "batch")):
+        # a spare group a step (redundancy written > 1, or the default one group ahead of a
+        # queue rollout on a trained model) keeps the buffer going even with finish: 218.4 vs
+        # 40.0 samples/s without (README, "Scheduling")
+        spare = (is_num(t.redundancy) and t.redundancy > 1) or (
+            t.redundancy is None and t.schedule != "batch" and t.model in facts.trained)
+        if trainer is not None and not spare and (
+                t.on_update == "finish" or (t.on_update is None and t.schedule == "batch")):
             # benchmarks/scheduling.py's workload in the simulator at alpha 1 (docs: README,
-            # "Scheduling"): first_ready 40.0 vs in_order 40.4 samples/s with finish, 197.0 vs
-            # 71.6 with continue -- finish drains every slot before adopting, so the trainer
-            # waits for the slowest sample whichever rows it takes
+            # "Scheduling"): first_ready 40.0 vs in_order 40.4 samples/s with finish and no
+            # spare group -- finish drains every slot before adopting, so the trainer waits for
+            # the slowest sample whichever rows it takes
             how = ", ".join(["drop on_update (a queue rollout then continues)"] * bool(t.on_update)
+                            + ["drop redundancy (a queue rollout then launches one group "
+                               "ahead)"] * is_num(t.redundancy)
                             + ["use schedule: queue"] * (t.schedule == "batch"))
             diags.add("AF329", at(t, "on_update"), how, task=t.name, trainer=trainer,
-                      written="" if t.on_update else " (the default)")
+                      written="" if t.on_update else " (the default)",
+                      spare="schedule: batch" if t.schedule == "batch" else
+                      f"redundancy {t.redundancy:g}" if is_num(t.redundancy) else
+                      f"its model '{t.model}' is not trained")
         if is_num(t.redundancy) and t.redundancy > 1 and t.model not in facts.trained:
             why = (f"its model '{t.model}' is not trained, and a step launches extra groups "
                    "only for the rollouts on a trained model" if facts.trained
