@@ -291,7 +291,6 @@ class Simulation:
         heap, pop = self._heap, heapq.heappop
         exhaustive, max_events = self.exhaustive, self.max_events
         events = 0  # self.events, kept in a local while the loop runs
-        sweeps = 0  # store sweeps (every 4,096 events)
         while True:
             while self._soon:
                 batch, self._soon = self._soon, []
@@ -318,8 +317,7 @@ class Simulation:
                         self.soon(w.poke)
             if events % 4096 == 0:
                 self.store.gc()
-                sweeps += 1
-                if sweeps % (GC_EVENTS // 4096) == 0:
+                if events % GC_EVENTS == 0:  # a multiple of 4,096
                     gc.collect()
         self.events = events
         self._finish(t0)

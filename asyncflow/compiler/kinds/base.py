@@ -35,6 +35,8 @@ class SyncFacts:
     samples_per_step: int = 0
     # rollout task -> the train task with consume: first_ready whose weights it takes at alpha >= 1
     first_ready: dict = field(default_factory=dict)
+    # rollouts that launch one group ahead a step by default (compiler.passes.launches_ahead)
+    ahead: frozenset = frozenset()
 
 
 class KindRules:

@@ -33,8 +33,7 @@ class RolloutRules(KindRules):
         # a spare group a step (redundancy written > 1, or the default one group ahead of a
         # queue rollout on a trained model) keeps the buffer going even with finish: 218.4 vs
         # 40.0 samples/s without (README, "Scheduling")
-        spare = (is_num(t.redundancy) and t.redundancy > 1) or (
-            t.redundancy is None and t.schedule != "batch" and t.model in facts.trained)
+        spare = (is_num(t.redundancy) and t.redundancy > 1) or t.name in facts.ahead
         if trainer is not None and not spare and (
                 t.on_update == "finish" or (t.on_update is None and t.schedule == "batch")):
             # benchmarks/scheduling.py's workload in the simulator at alpha 1 (docs: README,

@@ -43,7 +43,7 @@ def scheduling(graph: Graph, task: str) -> dict:
     ``on_update`` of a ``schedule: queue`` rollout fed by a ``consume: first_ready`` trainer at
     ``max_staleness`` >= 1 to ``continue`` (else ``finish``), and such a rollout's ``redundancy``
     (on a trained model) to one group more than ``prompts_per_step`` a step
-    (:func:`_launches_ahead`)."""
+    (:func:`launches_ahead`)."""
     d = graph.node(task).defn
     takes = KINDS[d.kind].needs + KINDS[d.kind].takes
     out: dict = {"schedule": "", "redundancy": 1.0, "on_update": "", "consume": "",
@@ -57,9 +57,9 @@ def scheduling(graph: Graph, task: str) -> dict:
             v = isinstance(mb, int) and not isinstance(mb, bool) and \
                 1 <= mb < graph.pipeline.step.samples_per_step
         elif v is None and key == "on_update" and out["schedule"] == "queue" \
-                and _first_ready_source(graph, task):
+                and task in first_ready_feeds(graph.pipeline):
             v = "continue"  # finish would drain every slot before adopting: the buffer's defeat
-        elif v is None and key == "redundancy" and _launches_ahead(graph, task):
+        elif v is None and key == "redundancy" and launches_ahead(graph.pipeline, task):
             pps = graph.pipeline.step.prompts_per_step
             v = (pps + 1) / pps  # one group ahead a step (launch_groups: exactly pps + 1)
         elif v is None:
@@ -68,28 +68,34 @@ def scheduling(graph: Graph, task: str) -> dict:
     return out
 
 
-def _first_ready_source(graph: Graph, task: str) -> bool:
-    """Whether a sync edge brings ``task`` the weights of a ``consume: first_ready`` trainer at
-    ``max_staleness`` >= 1: its ``on_update`` then defaults to ``continue`` (README,
-    "Scheduling": with ``finish`` the trainer waits for the slowest sample either way)."""
-    p = graph.pipeline
-    return any(s.dst == task and s.max_staleness >= 1 and s.src in p.tasks
-               and p.tasks[s.src].consume == "first_ready" for s in p.sync)
+def trained_models(p) -> set[str]:
+    """The models some ``train`` task of pipeline ``p`` updates (not frozen)."""
+    return {t.model for t in p.tasks.values()
+            if rules_of(t.kind).trains and t.model in p.models and not p.models[t.model].frozen}
 
 
-def _launches_ahead(graph: Graph, task: str) -> bool:
+def first_ready_feeds(p) -> dict[str, str]:
+    """Task -> the ``consume: first_ready`` train task whose weights a sync edge of pipeline
+    ``p`` brings it at ``max_staleness`` >= 1. Such a ``schedule: queue`` rollout's
+    ``on_update`` defaults to ``continue`` (README, "Scheduling": with ``finish`` the trainer
+    waits for the slowest sample either way; AF329 where nothing else keeps the buffer going)."""
+    return {s.dst: s.src for s in p.sync if s.src in p.tasks and s.max_staleness >= 1
+            and p.tasks[s.src].consume == "first_ready"}
+
+
+def launches_ahead(p, task: str, trained: set[str] | None = None) -> bool:
     """Whether ``task``, a ``schedule: queue`` rollout on a trained model with no ``redundancy``
-    written, is fed by a ``consume: first_ready`` trainer at ``max_staleness`` >= 1: a step then
-    launches one group more than it trains by default (README, "Scheduling": with exactly
+    written, is fed by a ``consume: first_ready`` trainer at ``max_staleness`` >= 1 (pipeline
+    ``p``; ``trained``: :func:`trained_models`, when the caller has it): a step then launches
+    one group more than it trains by default (README, "Scheduling": with exactly
     ``prompts_per_step`` groups a version the buffer holds no spare group, and a step waits for
     its slowest one; one more lifts the simulated long tail at alpha 1 from 85% to 100% of the
     trainer's bound)."""
-    d = graph.node(task).defn
+    d = p.tasks[task]
     if not rules_of(d.kind).samples or d.redundancy is not None or d.schedule == "batch":
         return False
-    trained = {m for m in train_tasks_of(graph)
-               if m in graph.pipeline.models and not graph.pipeline.models[m].frozen}
-    return d.model in trained and _first_ready_source(graph, task)
+    return (d.model in (trained_models(p) if trained is None else trained)
+            and task in first_ready_feeds(p))
 
 
 def launch_groups(graph: Graph) -> int:
@@ -97,8 +103,7 @@ def launch_groups(graph: Graph) -> int:
     train task updates (the largest), else ``prompts_per_step``. Exact for decimal redundancies
     (1.1 x 10 is 11 groups, not 12)."""
     pps = graph.pipeline.step.prompts_per_step
-    trained = {m for m in train_tasks_of(graph)
-               if m in graph.pipeline.models and not graph.pipeline.models[m].frozen}
+    trained = trained_models(graph.pipeline)
     most = pps
     for t in graph.tasks():
         d = t.defn
@@ -106,7 +111,7 @@ def launch_groups(graph: Graph) -> int:
             r = d.redundancy
             r = Fraction(r) if isinstance(r, int) else Fraction(repr(float(r)))
             most = max(most, math.ceil(pps * r))
-        elif _launches_ahead(graph, t.name):
+        elif launches_ahead(graph.pipeline, t.name, trained):
             most = max(most, pps + 1)
     return most
 

@@ -29,6 +29,7 @@ import networkx as nx
 
 from asyncflow.compiler.kinds import SyncFacts, rules_of
 from asyncflow.compiler.kinds.base import at as _at
+from asyncflow.compiler.passes import first_ready_feeds, launches_ahead, trained_models
 from asyncflow.compiler.passes.validate_args import KEYS, check_batch
 from asyncflow.compiler.passes.validate_refs import check_init, check_ref, check_source
 from asyncflow.diagnostics import Diagnostics, did_you_mean
@@ -349,18 +350,16 @@ def _unsplittable(p: ast.Pipeline) -> str | None:
 # -- 7. scheduling keys ---------------------------------------------------------------------------
 def _scheduling(p: ast.Pipeline, d: Diagnostics) -> None:
     """What a scheduling key written in the source does here: the ones that can do nothing are
-    warned about (AF380-AF383), and so is a first_ready buffer the
-    rollout's ``on_update: finish`` defeats (AF329). Keys on a kind that does not take them are rule 3's AF326."""
-    trained = {t.model for t in p.tasks.values()
-               if rules_of(t.kind).trains and t.model in p.models and not p.models[t.model].frozen}
+    warned about (AF380-AF383), and so is a first_ready buffer the rollout's ``on_update:
+    finish`` defeats (AF329). Keys on a kind that does not take them are rule 3's AF326."""
+    trained = trained_models(p)
     synced = {s.dst for s in p.sync if s.src in p.tasks and rules_of(p.tasks[s.src].kind).trains}
     alpha: dict[str, int] = {}  # train task -> the largest max_staleness of its sync edges
     for s in p.sync:
         alpha[s.src] = max(alpha.get(s.src, 0), s.max_staleness)
-    first_ready = {s.dst: s.src for s in p.sync if s.src in p.tasks and s.max_staleness >= 1
-                   and p.tasks[s.src].consume == "first_ready"}
     facts = SyncFacts(frozenset(trained), frozenset(synced), alpha, p.step.samples_per_step,
-                      first_ready)
+                      first_ready_feeds(p),
+                      frozenset(t for t in p.tasks if launches_ahead(p, t, trained)))
     for t in p.tasks.values():
         rules_of(t.kind).check_scheduling(t, facts, d)
 
