@@ -115,3 +115,56 @@ def test_cli_link_option_and_the_sync_line(capsys):
     assert rc == 0 and "2.00 GB a sync over infiniband" in out
     rc, out = cli(capsys, "simulate", LONGTAIL, "--steps", "3")
     assert rc == 0 and "size of model 'policy' is unknown" in out
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
+def test_a_lora_sync_moves_the_adapter_peft_builds(tmp_path, targets):
+    """A LoRA model's sync is charged by its adapter: the elements peft gives that checkpoint
+    (counted from the safetensors headers, or laid out from config.json alone), in float32
+    even on a bfloat16 model, as peft keeps them."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tiny_hf import model_dir
+
+    from asyncflow.lora import resolve
+    from asyncflow.simulate.transfer import adapter_params
+
+    path = model_dir(tmp_path / "m", dtype="bfloat16")
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=targets, task_type="CAUSAL_LM"))
+    lora = [p for n, p in peft.named_parameters() if "lora_" in n]
+    want = sum(p.numel() for p in lora)
+    assert want > 0 and {p.dtype for p in lora} == {torch.float32}
+    spec = resolve({"r": 4, "target_modules": targets})
+    assert adapter_params(str(path), spec) == want
+    cfg_only = tmp_path / "cfg"
+    cfg_only.mkdir()
+    (cfg_only / "config.json").write_text((path / "config.json").read_text())
+    assert adapter_params(str(cfg_only), spec) == want  # a Llama/Qwen layout from the config
+    # through a plan: the model's adapter, 4 bytes an element; without lora, the whole model
+    p = compile_file(LONGTAIL, sets=["step.steps=2"])
+    m = dataclasses.replace(p.models[0], source_kind="directory", path=str(path), lora=spec,
+                            dtype="bfloat16")
+    assert model_bytes(dataclasses.replace(p, models=[m]), m.name) == 4 * want
+    full = dataclasses.replace(m, lora={})
+    assert model_bytes(dataclasses.replace(p, models=[full]), m.name) == \
+        2 * checkpoint_params(str(path)) > 4 * want
+
+
+def test_a_calibrated_delta_edge_is_charged_the_share_its_run_moved():
+    """A run whose delta adoptions received a quarter of the model's bytes (metrics'
+    ``sync_bytes``): the calibration keeps that share, and the simulator charges the delta edge
+    that many bytes; without a calibration (or on a full edge) the whole model."""
+    from asyncflow.simulate.calibrate import Calibration, _delta_fraction
+
+    p = _plan(SIZE, via="collective")
+    delta = dataclasses.replace(p, sync=[dataclasses.replace(p.sync[0], delta=True)])
+    assert _delta_fraction(delta, 0.5e9) == 0.25 and _delta_fraction(p, 0.5e9) == 0.0
+    assert _delta_fraction(delta, 9e9) == 1.0
+    cal = Calibration(run_dir="r", pipeline="sim_longtail", delta_fraction=0.25)
+    assert SyncCosts(delta, "infiniband", cal).sizes() == {"policy": 0.5e9}
+    assert SyncCosts(delta, "infiniband").sizes() == {"policy": 2e9}
+    assert SyncCosts(p, "infiniband", cal).sizes() == {"policy": 2e9}
+    assert "moved 25.0% of the model's bytes" in cal.describe()

@@ -16,6 +16,8 @@ From the run's ``trace.json`` (one span per op of every worker) and ``metrics.js
   median) blocks the trainer; an ADOPT beyond what the hints already charge
   (``sync_seconds``) blocks the replica; with ``sync_bytes`` in the metrics, the ADOPT's time
   per byte too.
+  A run with ``delta: true`` edges also gives the share of the model's bytes an adoption
+  received (``delta_fraction``): the simulator charges its delta edges that share.
 - **the rest of a step** (acks, the report, the driver's polls, Ray's call latency): one number of
   seconds a trainer is blocked at the end of each step, fitted so that the simulation of the
   run's own plan (``RUN_DIR/plan.json``) takes the steady step time the run measured.
@@ -70,6 +72,9 @@ class Calibration:
     adopt_s: float = 0.0
     adopt_s_per_byte: float = 0.0
     step_s: float = 0.0  # the rest of a step, at its end (fitted by simulation)
+    # the share of the model's bytes a ``delta: true`` adoption received in the run (0: none
+    # measured: a delta sync is charged as a full copy)
+    delta_fraction: float = 0.0
     measured_step_s: float = 0.0
     steps: int = 0
 
@@ -98,7 +103,9 @@ class Calibration:
                          for n, f in self.tasks.items())
         return (f"{self.run_dir} ({self.steps} steps, {self.measured_step_s:.3f} s a step): "
                 f"{fits}; publish {self.publish_s * 1e3:.1f} ms, adopt {self.adopt_s * 1e3:.1f} "
-                f"ms, the rest of a step {self.step_s * 1e3:.1f} ms")
+                f"ms, the rest of a step {self.step_s * 1e3:.1f} ms"
+                + (f"; a delta sync moved {self.delta_fraction:.1%} of the model's bytes"
+                   if self.delta_fraction else ""))
 
 
 # -- reading the run ---------------------------------------------------------------------------
@@ -180,10 +187,20 @@ def fit(plan: Plan, run_dir: str) -> Calibration:
     if nbytes > 0 and adopts:
         c.adopt_s_per_byte = max(0.0, sum(adopts) - hinted * len(adopts)) / nbytes
         c.adopt_s = 0.0
+        c.delta_fraction = _delta_fraction(run_plan, nbytes / len(adopts))
     times = [float(m["time"]) for m in metrics]
     c.steps = len(metrics)
     c.measured_step_s = (times[-1] - times[0]) / (len(times) - 1)
     return c
+
+
+def _delta_fraction(plan: Plan, per_adopt: float) -> float:
+    """The share of its model's bytes an adoption received on the run's ``delta: true`` edges
+    (the first, full copy included); 0 where the run has none or the model's size is unknown."""
+    from asyncflow.simulate.transfer import model_bytes
+
+    full = max((model_bytes(plan, s.model) for s in plan.sync if s.delta), default=0.0)
+    return min(1.0, per_adopt / full) if full > 0 else 0.0
 
 
 def _trainer_op(plan: Plan, op: str) -> tuple[str, str]:

@@ -15,7 +15,9 @@ Each sync edge (:class:`asyncflow.plan.SyncPlan`) moves its model's bytes -- its
   thread answers the replicas' requests one after the other, so a replica waits for the ones
   before it, then for the buckets over the link (a latency per bucket of ``bucket_bytes``) and
   the load of the last bucket (each bucket is loaded while the next one travels). ``delta`` is
-  charged as a full copy: with full fine-tuning every element changes.
+  charged as a full copy (in float32 every element changes at every step), or, calibrated from a
+  run with delta edges, as the share of the bytes its adoptions received there.
+- a LoRA model moves its adapter only (:func:`adapter_params`), in float32.
 
 A model whose size the plan does not know costs nothing: the run is simulated exactly as it was
 before the transfer was modelled.
@@ -77,14 +79,60 @@ def checkpoint_params(path: str) -> int:
     return 0
 
 
+def _linear_shapes(path: str) -> dict[str, tuple[int, int]]:
+    """The 2-D weights of the checkpoint directory ``path`` that peft can put an adapter on:
+    ``name -> (out, in)`` from its safetensors headers, else a Llama-style decoder's projections
+    laid out from its config.json (embeddings and the output head left out, as peft's
+    ``all-linear`` leaves the head out); {} when neither is there."""
+    out: dict[str, tuple[int, int]] = {}
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors")) \
+        if path and os.path.isdir(path) else []
+    for f in files:
+        with open(os.path.join(path, f), "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+        for k, v in header.items():
+            shape = v.get("shape") if isinstance(v, dict) else None
+            if (k.endswith(".weight") and shape and len(shape) == 2
+                    and not any(x in k for x in ("embed", "lm_head", "wte", "wpe"))):
+                out[k[: -len(".weight")]] = (int(shape[0]), int(shape[1]))
+    if out or not (path and os.path.isfile(os.path.join(path, "config.json"))):
+        return out
+    with open(os.path.join(path, "config.json")) as fh:
+        cfg = json.load(fh)
+    h = int(cfg.get("hidden_size") or 0)
+    heads = int(cfg.get("num_attention_heads") or 1)
+    kv = h * int(cfg.get("num_key_value_heads") or heads) // heads
+    inter = int(cfg.get("intermediate_size") or 4 * h)
+    proj = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, h), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+            "mlp.down_proj": (h, inter)}
+    for i in range(int(cfg.get("num_hidden_layers") or 0) if h else 0):
+        out.update({f"model.layers.{i}.{k}": v for k, v in proj.items()})
+    return out
+
+
+def adapter_params(path: str, lora: dict) -> int:
+    """Parameters of the LoRA adapter ``lora`` (asyncflow.lora.resolve) on the checkpoint at
+    ``path``: ``r * (in + out)`` for each targeted linear weight (a name in ``target_modules``,
+    or every one for ``all-linear``); 0 when the checkpoint's layout is unknown."""
+    r = int(lora.get("r", 8))
+    targets = lora.get("target_modules", "all-linear")
+    return sum(r * (o + i) for name, (o, i) in _linear_shapes(path).items()
+               if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets)
+
+
 def model_params(plan: Plan, name: str) -> float:
     """Parameters of model ``name`` a sync moves: its ``params:`` (or the model it copies'),
-    else its checkpoint's count; 0 when unknown (or a LoRA adapter: only the adapter moves, its
-    size is not modelled)."""
+    else its checkpoint's count; for a LoRA model, its adapter's (:func:`adapter_params`: only
+    the adapter moves); 0 when unknown."""
     models = {m.name: m for m in plan.models}
     m: ModelPlan | None = models.get(name)
-    if m is None or m.lora:
+    if m is None:
         return 0.0
+    if m.lora:
+        return float(adapter_params(m.path, m.lora)) \
+            if m.source_kind in ("directory", "hub") else 0.0
     seen = set()
     while m is not None and m.name not in seen:
         seen.add(m.name)
@@ -98,9 +146,12 @@ def model_params(plan: Plan, name: str) -> float:
 
 
 def model_bytes(plan: Plan, name: str) -> float:
-    """Bytes of model ``name``'s weights: parameters x the dtype's size (0: unknown)."""
+    """Bytes of model ``name``'s weights: parameters x the dtype's size (0: unknown); a LoRA
+    adapter's in float32, whatever the base model's dtype (peft keeps the adapter of a float16
+    or bfloat16 model in float32: ``autocast_adapter_dtype``)."""
     m = next((x for x in plan.models if x.name == name), None)
-    return model_params(plan, name) * DTYPE_BYTES.get(m.dtype if m else "float32", 4)
+    size = 4 if m is not None and m.lora else DTYPE_BYTES.get(m.dtype if m else "float32", 4)
+    return model_params(plan, name) * size
 
 
 class SyncCosts:
@@ -113,8 +164,10 @@ class SyncCosts:
         # publish's, an adoption's (per byte), the rest of a trainer's step
         self.calib = calibration
         self.edges: dict[tuple[str, str], tuple[SyncPlan, float]] = {}
+        frac = calibration.delta_fraction if calibration is not None else 0.0
         for s in plan.sync:
-            self.edges[(s.src, s.dst)] = (s, model_bytes(plan, s.model))
+            b = model_bytes(plan, s.model)
+            self.edges[(s.src, s.dst)] = (s, b * frac if s.delta and frac > 0 else b)
         self.server_free: dict[str, float] = {}  # collective: when the trainer's server is idle
         self.getters: dict[str, int] = {}  # store: replicas that got the newest version so far
         self.charged = {"publish_s": 0.0, "adopt_s": 0.0, "bytes": 0.0}
