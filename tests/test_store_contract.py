@@ -116,7 +116,7 @@ PROTOCOL_METHODS = sorted(n for n, v in vars(Store).items() if inspect.isfunctio
 def test_protocol_lists_the_store_methods():
     # a method added to the protocol needs its contract here too
     assert PROTOCOL_METHODS == sorted([
-        "register_task", "add_rows", "write", "start_rows_at", "get", "get_split", "ack", "ack_many", "post_ack_many", "ack_rows",
+        "register_task", "add_rows", "write", "start_rows_at", "get", "get_split", "ack", "ack_many", "ack_rows",
         "release",
         "release_rows", "renew", "renew_many", "revoke", "expire", "drop", "consumed", "pending",
         "stats", "gc", "snapshot"])  # fmt: skip
@@ -345,44 +345,6 @@ def test_ack_many_is_each_ack_in_turn(store):
     assert store.stats()["stale_acks"] == stale0 + 3
     assert store.ack_many([]) == []
     assert store.get("reward", 100).rows == rows[12:]  # c's rows were given back
-
-
-def test_post_ack_many_is_ack_many_answered_later(store):
-    """post_ack_many: ack_many sent without waiting (a trainer's step ack); its result() is
-    ack_many's answer, its refs what a later call may wait on (Ray: the shards' calls; an
-    in-process store has acked already: none). reads_ahead says whether post_get_split exists."""
-    rows = add(store, 4, 2)
-    a = store.get("reward", 4)
-    b = store.get("reward", 4)
-    posted = store.post_ack_many([a.id, b])
-    assert (len(posted.refs) > 0) == store.reads_ahead == (RayStore is not None
-                                                           and isinstance(store, RayStore))
-    assert posted.result() == [True, True] and posted.result() == [True, True]
-    assert sorted(store.consumed("reward")) == rows and store.stats()["leases_live"] == 0
-    assert store.post_ack_many([a.id]).result() == [False]  # stale, counted as ack_many does
-    assert store.post_ack_many([]).result() == []
-
-
-@pytest.mark.ray
-@NO_RAY
-def test_post_get_split_is_get_split_answered_later(ray_shards):
-    """A one-shard RayStore sends a get_split without waiting (a trainer's next step's first
-    read, sent while it computes): the leases are get_split's, and taken once; with two
-    shards it declines (None: their ordering rule takes its own round of calls)."""
-    handles = ray_shards[:1]
-    ray.get(handles[0].restore.remote(SampleStore(lease_s=LEASE_S).snapshot()))
-    s = RayStore(shards=1, lease_s=LEASE_S, chunk=CHUNK, _handles=handles)
-    s.register_task("reward", ["response"])
-    s.start_rows_at(-(-ray.get(handles[0].next_row.remote()) // CHUNK) * CHUNK)
-    rows = add(s, 4, 2)
-    posted = s.post_get_split("reward", 6, 2, min_rows=2, max_row=rows[0] + 6, timeout=1.0)
-    leases = posted.result()
-    assert [x.rows for x in leases] == [rows[0:2], rows[2:4], rows[4:6]]
-    assert [x.columns["response"] for x in leases] == [["r0", "r1"], ["r2", "r3"], ["r4", "r5"]]
-    assert posted.result() is leases and s.stats()["leases_live"] == 3
-    assert s.post_get_split("reward", 2, 2, timeout=0.0).result()[0].rows == rows[6:8]
-    assert s.post_get_split("reward", 2, 2, timeout=0.0).result() == []  # nothing left
-    assert _fresh_ray(ray_shards).post_get_split("reward", 2, 2) is None
 
 
 def test_ack_rows_partial(store):

@@ -93,19 +93,9 @@ class Control:
     def publish(self, model: str, version: int, box: list) -> None:
         self.board.publish(model, version, box)
 
-    def report_step(self, task: str, report: dict, *_after) -> None:
-        """A train step's report (``_after``: the answers of the calls it was sent after, a
-        posted report's store acks: unused)."""
+    def report_step(self, task: str, report: dict) -> None:
         with self._lock:
             self._reports.append((task, report))
-
-    # -- calls a worker does not wait for (the same on this control and on ActorProxy):
-    # ``post`` calls a method (here at once), ``settle`` raises a posted call's failure
-    def post(self, name: str, *a, after=()) -> None:
-        getattr(self, name)(*a)
-
-    def settle(self) -> None:
-        return None
 
     def note_drops(self, rows: list[int], reason: str) -> None:
         """Rows removed from the store (a filter, staleness, a redundant group cancelled): every
@@ -178,31 +168,6 @@ class ActorProxy:
         self._h = handle
         self._timeout = float(timeout_s)
         self._what = what
-        self._posted: list = []  # (method, ref, when sent) of posted calls not yet settled
-
-    def post(self, name: str, *a, after=()) -> None:
-        """Send ``name(*a)`` without waiting for its answer (a trainer's step report: off its
-        critical path). ``after``: object refs the call waits for on the actor's side (Ray runs
-        an actor call once its arguments are ready: a report never gets ahead of its step's
-        store acks, whose failure fails it). Its answer is taken at :meth:`settle`."""
-        self._posted.append((name, getattr(self._h, name).remote(*a, *after), time.time()))
-
-    def settle(self) -> None:
-        """Wait for every posted call (each bounded by the call timeout from when it was sent);
-        the first failure is raised as the call's own would have been (:class:`ControlLost`,
-        or the error of a store ack it waited on)."""
-        import ray
-
-        posted, self._posted = self._posted, []
-        for name, ref, sent in posted:
-            left = max(0.0, self._timeout - (time.time() - sent))
-            try:
-                ray.get(ref, timeout=left)
-            except ray.exceptions.GetTimeoutError:
-                raise ControlLost(f"the {self._what} did not answer {name}() within "
-                                  f"{self._timeout:.0f} s") from None
-            except ray.exceptions.RayActorError as e:
-                raise ControlLost(f"the {self._what} died ({str(e).splitlines()[0][:200]})") from None
 
     def __getattr__(self, name: str):
         import ray  # only an actor's proxy needs Ray: the local control never calls this

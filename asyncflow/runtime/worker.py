@@ -248,7 +248,6 @@ class Worker(Loop):
         try:
             self._start()
             self.run_loop()
-            self.settle_posts()  # its last step's ack and report are in (or it fails here)
             status = "stopped"
         except Crash:
             return self._final("crashed")
@@ -284,15 +283,8 @@ class Worker(Loop):
         self._op, self._op_since = op, time.time()
 
     def _final(self, status: str, **more) -> dict:
-        """The worker's result: status, counters, thread CPU seconds per op kind, where it ran.
-        What it sent without waiting is in first (a crashed trainer's last step report names
-        the checkpoint the driver restarts it from)."""
+        """The worker's result: status, counters, thread CPU seconds per op kind, where it ran."""
         self.enter(self._op)
-        try:
-            self.settle_posts()
-        except Exception as e:  # the store or the control is gone: the driver sees that itself
-            _log(f"worker {self.id}: its last step's ack or report may be lost "
-                 f"({e.__class__.__name__}: {e})")
         cpu = {op: round(s, 4) for op, s in sorted(self._cpu.items()) if s > 0}
         return {"worker": self.id, "status": status, **more, **self.stats, "cpu_s": cpu,
                 **self._where()}

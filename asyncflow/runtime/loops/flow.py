@@ -110,8 +110,7 @@ class Flows:
         """The ``train`` loop: once per step n, READ step n's rows until all of them (but the
         dropped) are leased; COMPUTE one ``train_step`` on them in row order -- or, streaming,
         each lease's micro-batches as it arrives --; PUBLISH version n + 1; END (ack,
-        checkpoint, report). Once step n's rows are read, step n + 1's first read may be sent
-        ahead (:meth:`~asyncflow.runtime.loops.step_reads.StepReads.read_ahead`)."""
+        checkpoint, report)."""
         step = int(self.opt.get("start_step", 0))
         if step:  # resumed: rollouts start from the checkpoint's weights
             for op in self.body:
@@ -130,7 +129,6 @@ class Flows:
                         read = op
                     else:
                         yield from self.flow_step_read(op, it)
-                        self.read_ahead(op, step + 1)  # while this step computes
                 elif op.kind == "COMPUTE" and read is not None:
                     yield Request("STREAM", op, it)
                     leases = it.setdefault("leases", [])
@@ -143,7 +141,6 @@ class Flows:
                             yield Request("MICRO", op, it)
                     it.pop("micro", None)
                     self.join_leases(it)
-                    self.read_ahead(read, step + 1)  # while the last micro-batch computes
                     yield Request("STREAMED", op, it)
                 elif op.kind == "COMPUTE":
                     yield Request("COMPUTE", op, it)

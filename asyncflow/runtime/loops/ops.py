@@ -13,7 +13,6 @@ from typing import Any
 from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Op
 from asyncflow.runtime import checkpoint, export
-from asyncflow.runtime.store.common import Posted
 
 
 class OpHandlers:
@@ -172,27 +171,14 @@ class OpHandlers:
         steps, and the last."""
         return (step + 1) % self.publish_every == 0 or step + 1 == self.st.steps
 
-    def ack_step(self, leases: list, post: bool = False):
-        """Ack a train step's micro-batch leases, in one store call; ``post``: sent without
-        waiting, its :class:`~asyncflow.runtime.store.common.Posted` returned."""
+    def ack_step(self, leases: list) -> None:
+        """Ack a train step's micro-batch leases, in one store call."""
         ids = [lease.id for lease in leases]
         for lid in ids:
             self.unhold(lid)
         if ids:
             self.progress += len(ids)
-        if post:
-            return self.store.post_ack_many(ids) if ids else Posted(value=[])
-        if ids:
             self.store.ack_many(ids)
-        return None
-
-    def settle_posts(self) -> None:
-        """Take the answers of what this worker sent without waiting -- its last step's store
-        acks, then its report --, raising a failure as the call's own would have been."""
-        posted, self.posted = self.posted, []
-        for p in posted:
-            p.result()
-        self.control.settle()
 
     def staleness_of(self, step: int, versions) -> list[int]:
         """Gate rule 4's record: the staleness of each row train step ``step`` consumed."""
@@ -201,13 +187,9 @@ class OpHandlers:
     def end_step(self, it: dict) -> None:
         """A train step is done: ack its rows, checkpoint, report (after the last step and at each
         checkpoint, the trained model is first written to ``RUN_DIR/final/<model>``:
-        runtime/export.py). The ack and the report are sent without waiting (the trainer goes
-        on to its next step): the report after the ack (the driver reads the store when a
-        report arrives), both settled at the next step's end and when the loop ends."""
+        runtime/export.py)."""
         step, rows = it["step"], it.get("rows", [])
-        self.settle_posts()
-        acked = self.ack_step(it.get("leases", []), post=True)
-        self.posted.append(acked)
+        self.ack_step(it.get("leases", []))
         self.stats["rows"] += len(rows)
         cols = it.get("cols") or {}
         versions = cols.get("_version") or [None] * len(rows)
@@ -221,7 +203,7 @@ class OpHandlers:
             # the last step, and each checkpoint: RUN_DIR/final holds the newest trained model
             # even of a run that is killed later
             exported = export.write_final(self.engine, run_dir, self.plan, self.task.name, step + 1)
-        self.control.post("report_step", self.task.name, {
+        self.control.report_step(self.task.name, {
             "replica": self.wp.replica, "checkpoint": ckpt, "export": exported, "step": step,
             "version": step + 1, "end": time.time(),
             "rows": rows, "staleness": self.staleness_of(step, versions),
@@ -229,8 +211,7 @@ class OpHandlers:
             "metrics": plain_metrics(it.get("metrics")), "publish_s": it.get("publish_s", 0.0),
             "next_row": self.next_row(step, rows),
             "compute_s": it.get("compute_s", 0.0),
-            "samples": self.sampler.take(step, cols) if self.sampler is not None else []},
-            after=acked.refs)
+            "samples": self.sampler.take(step, cols) if self.sampler is not None else []})
 
 
 

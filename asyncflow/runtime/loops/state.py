@@ -108,10 +108,6 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         self.pending_rewards: list = []
         self.pending_drops: list = []
         self.pending_events: list = []
-        # calls sent without waiting for their answers (a trainer's step acks; its reports
-        # wait in the control): settled at the next step's end and when the loop ends
-        self.posted: list = []
-        self.ahead = None  # (step, Posted) a trainer's next step's first read, sent early
         self.stats: dict = {"rows": 0, "leases": 0, "empty_reads": 0, "stale_dropped": 0}
         self.progress = 0  # a counter of work done (the watchdog's)
         self.paths = list(self.opt.get("search_path") or ())

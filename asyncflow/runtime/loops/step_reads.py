@@ -44,17 +44,14 @@ class StepReads:
         return True
 
     def lease_step(self, want: int, *, step: int, min_rows: int, split: int | None = None,
-                   posted=None, **kw) -> list:
+                    **kw) -> list:
         """One store read of a step READ: its leases, ``[]`` when not ``min_rows`` rows are
         ready yet. With ``split`` < ``want``, up to ``want`` rows as leases of ``split`` rows
-        (the READ's micro-batches) in one store call (:meth:`SampleStore.get_split`);
-        ``posted``: the answer of that call sent ahead (:meth:`read_ahead`). A trainer
+        (the READ's micro-batches) in one store call (:meth:`SampleStore.get_split`). A trainer
         drops rows beyond its staleness bound (gate rule 4: counted, and replaced when
         ``staleness`` is a replaced reason) and reads again."""
         timeout = float(self.opt.get("train_read_timeout_s", 0.05))
-        if posted is not None:  # this read was sent ahead (read_ahead): its answer
-            leases = posted.result()
-        elif split and split < want and not kw.get("whole_groups"):
+        if split and split < want and not kw.get("whole_groups"):
             kw = {k: v for k, v in kw.items() if k not in ("whole_groups", "group_size")}
             leases = self.store.get_split(self.task.name, want, split, min_rows=min_rows,
                                           timeout=timeout, fields=self.fields, owner=self.id,
@@ -82,40 +79,6 @@ class StepReads:
                 return []
         self.stats["leases"] += len(leases)
         return leases
-
-    def _row_filter(self, lo: int, spp: int, k: int, n: int):
-        """An in_order read's row filter: a data-parallel replica's share of the window from
-        ``lo``, or rows from ``lo`` where other replicas read too; None where ``max_row`` is
-        enough."""
-        return (_Share(lo, spp, k, n) if n > 1
-                else _AtLeast(lo) if lo and self.task.replicas > 1 else None)
-
-    def read_ahead(self, op: Op, step: int) -> None:
-        """Send train step ``step``'s first read now, while step ``step - 1`` still computes,
-        publishes and ends, where its rows may already be ready: an in_order trainer (not
-        redundant, not following another's choice) whose rows may be a step stale
-        (``accept_alpha`` >= 1), on a store that sends reads without waiting
-        (``reads_ahead``: the sharded store). The step's first read takes its answer
-        (:meth:`lease_step`); the rows are those of the step's window, as that read's own
-        would be (a window only grows by replacements after it is sent)."""
-        if (not self.store.reads_ahead or step >= self.st.steps or self.follows
-                or self.loop != "train" or self.consume == "first_ready"
-                or self.launch > self.st.prompts_per_step or self.wp.accept_alpha < 1):
-            return
-        spp = self.st.samples_per_prompt
-        k, n = op.share if op.share else (0, 1)
-        g0 = self.next_group if self.st.replace else step * self.launch
-        g_end, rows_ = self.windows.window(g0)
-        left = sum(1 for r in rows_ if int(r) // spp % n == k) if n > 1 else len(rows_)
-        if not left:
-            return
-        posted = self.store.post_get_split(
-            self.task.name, min(left, op.rows * max(1, op.per_read)), op.rows,
-            min_rows=min(op.rows, left), max_row=g_end * spp, lease_s=op.lease_s or None,
-            timeout=float(self.opt.get("train_read_timeout_s", 0.05)), fields=self.fields,
-            owner=self.id, filter_fn=self._row_filter(g0 * spp, spp, k, n))
-        if posted is not None:
-            self.ahead = (step, posted)
 
     def remove_rows(self, rows: list[int], reason: str) -> None:
         """Drop ``rows`` from the store -- whole groups: a group missing a row can be neither
@@ -226,12 +189,11 @@ class StepReads:
                     least, split = min(op.rows, left), op.rows
                 if self.sync():
                     raise Stop()
-                ahead, self.ahead = self.ahead, None
                 got_ = self.lease_step(
                     want, step=step, min_rows=least, max_row=hi, whole_groups=redundant,
                     group_size=spp, lease_s=lease_s, split=split,
-                    posted=ahead[1] if ahead and ahead[0] == step else None,
-                    filter_fn=self._row_filter(lo, spp, k, n))
+                    filter_fn=(_Share(lo, spp, k, n) if mine is not None
+                               else _AtLeast(lo) if lo and self.task.replicas > 1 else None))
                 for lease in got_:
                     for r in lease.rows:
                         if r not in have:

@@ -24,7 +24,7 @@ from collections import Counter
 from heapq import heappop, heappush
 from typing import Callable
 
-from asyncflow.runtime.store.common import SNAPSHOT_FORMAT, Lease, Posted, StoreError
+from asyncflow.runtime.store.common import SNAPSHOT_FORMAT, Lease, StoreError
 
 STAT_COUNTERS = ("leases_reissued", "rows_reissued", "stale_acks", "stale_writes",
                  "leases_restored", "leases_revoked")
@@ -107,14 +107,6 @@ class StoreBase:
         """:meth:`ack` (no columns) of each lease in turn: a trainer's micro-batch leases at the
         end of its step, one call."""
         return [self.ack(lid) for lid in lease_ids]
-
-    #: whether :meth:`post_get_split` sends a read without waiting (the sharded store); an
-    #: in-process store answers at once, so a loop never reads ahead on it
-    reads_ahead = False
-
-    def post_ack_many(self, lease_ids: list) -> Posted:
-        """:meth:`ack_many` as a :class:`Posted` call: here done at once."""
-        return Posted(value=self.ack_many(lease_ids))
 
     def _acked(self, lease_id: int | Lease):
         """The live lease an ack names; None (counted as a stale ack) if it is not live."""

@@ -23,25 +23,6 @@ class StoreError(AsyncflowError):
 class StoreLost(StoreError):
     """A store shard (Ray actor) died or did not answer within its bound: the run cannot go on."""
 
-class Posted:
-    """A store call sent without waiting for its answer (a trainer's step ack, its next step's
-    first read: runtime/loops/ops.py, step_reads.py). ``refs`` are what a call that must come
-    after it may wait on (Ray object refs; () for an in-process store, whose call is done at
-    once); :meth:`result` waits for the answer and returns it, raising the call's own error."""
-
-    __slots__ = ("refs", "_finish", "_value", "_done")
-
-    def __init__(self, refs=(), finish=None, value=None):
-        self.refs = list(refs)
-        self._finish, self._value, self._done = finish, value, finish is None
-
-    def result(self):
-        if not self._done:
-            self._done = True  # a failure is raised once, by the call that took it
-            self._value, self._finish = self._finish(), None
-        return self._value
-
-
 def check_new_rows(columns: dict, groups: list[int], versions: list[int] | None):
     """``add_rows``' arguments checked (every store backend shares this): a copy of ``columns``
     without ``_version`` (moved to ``versions``); bookkeeping columns may not be given."""

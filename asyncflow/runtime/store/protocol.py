@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from asyncflow.runtime.store.common import Lease, Posted
+from asyncflow.runtime.store.common import Lease
 
 
 @runtime_checkable
@@ -43,11 +43,6 @@ class Store(Protocol):
 
     def ack_many(self, lease_ids: list) -> list[bool]: ...
 
-    #: whether ``post_get_split`` exists and sends a read without waiting (the sharded store)
-    reads_ahead: bool
-
-    def post_ack_many(self, lease_ids: list) -> Posted: ...
-
     def ack_rows(self, lease_id: int | Lease, rows: list[int],
                  columns: dict[str, list] | None = None) -> bool: ...
 
@@ -77,4 +72,4 @@ class Store(Protocol):
     def snapshot(self) -> dict: ...
 
 
-__all__ = ["Store", "Lease", "Posted"]
+__all__ = ["Store", "Lease"]

@@ -63,7 +63,7 @@ import ray
 from asyncflow.runtime.options import DEFAULT_CALL_TIMEOUT_S
 from asyncflow.runtime.store.codec import Ragged  # noqa: F401 -- re-exported: columns users build
 from asyncflow.runtime.store.codec import col_take, pack_cols
-from asyncflow.runtime.store.common import SNAPSHOT_FORMAT, Lease, Posted, StoreError, check_new_rows
+from asyncflow.runtime.store.common import SNAPSHOT_FORMAT, Lease, StoreError, check_new_rows
 from asyncflow.runtime.store.ray_reads import ShardedReads
 from asyncflow.runtime.store.remote import INLINE, MASK, bounded_get, joined, unpack
 from asyncflow.runtime.store.shard import Shard
@@ -199,14 +199,6 @@ class RayStore(ShardedReads):
         the leases (:meth:`Shard.ack_each`), not one per lease: a trainer's step of 1,024
         micro-batch leases is one round trip (the order in which the leases are consumed among
         themselves is not defined)."""
-        return self.post_ack_many(lease_ids).result()
-
-    reads_ahead = True  # post_get_split sends without waiting (one shard)
-
-    def post_ack_many(self, lease_ids: list) -> Posted:
-        """:meth:`ack_many` sent without waiting: a :class:`Posted` whose ``refs`` are the
-        shards' calls (a report that must not get ahead of the ack waits on them) and whose
-        ``result()`` is :meth:`ack_many`'s answer."""
         nsh = len(self._shards)
         parts = []
         per: dict[int, list] = {}
@@ -219,13 +211,10 @@ class RayStore(ShardedReads):
             for s, p in ps.items():
                 per.setdefault(s, []).append((p, s == first))
         shards = list(per)
-        refs = [self._shards[s].ack_each.remote(per[s]) for s in shards]
-
-        def answer():
-            answers = {s: iter(a) for s, a in zip(shards, self._get(refs))}
-            # each shard answers its parts in the order they were sent: lease by lease
-            return [self._acked(ps, [next(answers[s]) for s in ps]) for ps in parts]
-        return Posted(refs, answer)
+        got = self._get([self._shards[s].ack_each.remote(per[s]) for s in shards])
+        answers = {s: iter(a) for s, a in zip(shards, got)}
+        # each shard answers its parts in the order they were sent: lease by lease
+        return [self._acked(ps, [next(answers[s]) for s in ps]) for ps in parts]
 
     def _send_ack(self, lease_id: int | Lease, columns: dict | None = None) -> tuple[dict, list]:
         """Send a lease's ack to each shard it has a part on: (its parts, the calls' refs)."""

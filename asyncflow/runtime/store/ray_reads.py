@@ -13,7 +13,7 @@ import numpy as np
 import ray
 
 from asyncflow.runtime.store.codec import col_concat, col_take, unpack_cols
-from asyncflow.runtime.store.common import Lease, Posted
+from asyncflow.runtime.store.common import Lease
 from asyncflow.runtime.store.remote import CACHE, POLL_S, pack
 
 
@@ -117,25 +117,6 @@ class ShardedReads:
                 break
             out.append(lease)
         return out
-
-    def post_get_split(self, task: str, n: int, split: int, *, min_rows: int = 1,
-                       max_row: int | None = None, timeout: float = 0.0, filter_fn=None,
-                       min_version: int | None = None, fields: list[str] | None = None,
-                       lease_s: float | None = None, owner: str | None = None) -> Posted | None:
-        """:meth:`get_split` sent without waiting (a trainer's next step's first read, sent
-        while it still computes): a :class:`Posted` whose ``result()`` is the leases; None with
-        several shards (their ordering rule takes a round of calls of its own)."""
-        if len(self._shards) != 1:
-            return None
-        kw = {"max_row": max_row, "min_version": min_version, "filter_fn": filter_fn,
-              "fields": fields, "lease_s": lease_s, "owner": owner, "min_rows": min_rows,
-              "timeout": timeout}
-        ref = self._shards[0].get_split.remote(task, n, split, kw)
-
-        def answer():
-            got = self._get(ref, timeout)
-            return [] if got is None else self._assemble_split(task, got, lease_s)
-        return Posted([ref], answer)
 
     def _keep_lowest(self, parts: dict[int, tuple], units: int, whole_groups: bool) -> dict[int, tuple]:
         """The lowest ``units`` rows (groups) over the shards' leases; the rest is given back."""
