@@ -32,12 +32,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(file: str, backend: str, sets: list[str], pythonpath: str | None, compute_s: float):
-    out = tempfile.mkdtemp(prefix="tb-")
+    with tempfile.TemporaryDirectory(prefix="tb-") as out:
+        return _run(out, file, backend, sets, pythonpath, compute_s)
+
+
+def _run(out: str, file: str, backend: str, sets: list[str], pythonpath: str | None,
+         compute_s: float) -> dict:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    cmd = [sys.executable, "-c", "from asyncflow.cli import main; main()", "run", file, "--out", out, "--force",
-           "--backend", backend] + [a for s in sets for a in ("--set", s)]
+    cmd = [sys.executable, "-c", "from asyncflow.cli import main; main()", "run", file,
+           "--out", out, "--force", "--backend", backend] + [a for s in sets for a in ("--set", s)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if p.returncode:
         raise SystemExit(f"run failed ({p.returncode}): {p.stdout[-2000:]}{p.stderr[-2000:]}")

@@ -37,12 +37,16 @@ _ST_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16":
              "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-def _safetensors_params(path: str) -> int:
-    """Elements stored in a safetensors file (its JSON header only is read)."""
+def _safetensors_header(path: str) -> dict:
+    """A safetensors file's JSON header (tensor name -> dtype, shape, offsets), read alone."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-    return sum(math.prod(v.get("shape") or [1]) for k, v in header.items()
+        return json.loads(f.read(n))
+
+
+def _safetensors_params(path: str) -> int:
+    """Elements stored in a safetensors file (its JSON header only is read)."""
+    return sum(math.prod(v.get("shape") or [1]) for k, v in _safetensors_header(path).items()
                if k != "__metadata__" and isinstance(v, dict))
 
 
@@ -88,10 +92,7 @@ def _linear_shapes(path: str) -> dict[str, tuple[int, int]]:
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors")) \
         if path and os.path.isdir(path) else []
     for f in files:
-        with open(os.path.join(path, f), "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-        for k, v in header.items():
+        for k, v in _safetensors_header(os.path.join(path, f)).items():
             shape = v.get("shape") if isinstance(v, dict) else None
             if (k.endswith(".weight") and shape and len(shape) == 2
                     and not any(x in k for x in ("embed", "lm_head", "wte", "wpe"))):
