@@ -76,3 +76,17 @@ def test_cli_calibrate_and_its_errors(run, capsys, tmp_path):
         fit(compile_file(LONGTAIL), str(tmp_path / "missing"))
     assert getattr(e.value, "code", None) == "AF643"
     assert not isinstance(e.value, UserError)  # the command locates it (AF643 above)
+
+
+def test_a_run_with_held_out_evaluations_calibrates_as_without(run, tmp_path):
+    """An eval's rows in metrics.jsonl (``eval/...``, no step time) are not train steps: the
+    fit of a run that has them is the fit of its steps (it was an internal KeyError)."""
+    plan = compile_file(LONGTAIL, sets=SETS)
+    copy = tmp_path / "with_eval"
+    shutil.copytree(run.out, copy)
+    rows = (copy / "metrics.jsonl").read_text().splitlines()
+    ev = '{"step": %d, "eval/points": 0.5, "eval/n": 8, "eval/version": %d, "eval/seconds": 0.01}'
+    (copy / "metrics.jsonl").write_text("\n".join(
+        x for i, r in enumerate(rows) for x in (ev % (i, i), r)) + "\n")
+    a, b = fit(plan, run.out), fit(plan, str(copy))
+    assert (b.steps, b.measured_step_s, b.tasks) == (a.steps, a.measured_step_s, a.tasks)

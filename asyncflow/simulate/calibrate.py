@@ -37,6 +37,7 @@ from asyncflow.compiler.kinds import rules_of
 from asyncflow.costmodel import Distribution
 from asyncflow.errors import AsyncflowError
 from asyncflow.plan import Plan, TaskPlan
+from asyncflow.viz.metrics import is_eval
 
 
 class CalibrationError(AsyncflowError):
@@ -152,7 +153,9 @@ def fit(plan: Plan, run_dir: str) -> Calibration:
     run_plan = _run_plan(run_dir)
     _same_pipeline(plan, run_plan, run_dir)
     trace = _read_json(os.path.join(run_dir, "trace.json"), "trace.json", run_dir)
-    metrics = _read_json(os.path.join(run_dir, "metrics.jsonl"), "metrics.jsonl", run_dir)
+    # the train steps' rows (a held-out evaluation writes rows of its own there: no step time)
+    metrics = [m for m in _read_json(os.path.join(run_dir, "metrics.jsonl"), "metrics.jsonl",
+                                     run_dir) if not is_eval(m)]
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"] \
         if isinstance(trace, dict) else []
     if not events or len(metrics) < 2:
