@@ -106,9 +106,32 @@ def _busy_cpu_s() -> float | None:
     return (sum(vals[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _tree_cpu_s(root: int, seen: dict[int, float]) -> None:
+def _label(pid: int) -> str:
+    """What a process is, for the per-process table: its command line's program, or, for a Ray
+    process (which sets its title: ``ray::UpdateWorker.loop``, ``ray::IDLE``), that title."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not argv:
+        return "?"
+    if argv[0].startswith("ray::"):
+        return argv[0].split()[0]
+    prog = os.path.basename(argv[0])
+    if prog.startswith("python") and len(argv) > 1:
+        rest = [a for a in argv[1:] if not a.startswith("-")]
+        mod = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-m", "-c")), "")
+        if mod.startswith("import sys"):  # _AF_LAUNCHER: the asyncflow CLI
+            return "asyncflow run (driver)"
+        return f"python {os.path.basename(mod or (rest[0] if rest else ''))}"[:60]
+    return prog[:60]
+
+
+def _tree_cpu_s(root: int, seen: dict[int, float], names: dict[int, str] | None = None) -> None:
     """Record in ``seen`` (pid -> CPU s) the user + system time of ``root`` and every process
-    under it now (``/proc``): a Ray run's workers are the raylet's children, its own child."""
+    under it now (``/proc``): a Ray run's workers are the raylet's children, its own child;
+    ``names``: each one's :func:`_label` (read again while it lives: Ray retitles workers)."""
     tick = os.sysconf("SC_CLK_TCK")
     parent: dict[int, int] = {}
     stat: dict[int, float] = {}
@@ -132,10 +155,15 @@ def _tree_cpu_s(root: int, seen: dict[int, float]) -> None:
     for pid in mine:
         if pid in stat:
             seen[pid] = max(seen.get(pid, 0.0), stat[pid])
+            if names is not None:  # a worker's last title other than IDLE is kept
+                label = _label(pid)
+                if label != "?" and (names.get(pid, "?") == "?" or label != "ray::IDLE"):
+                    names[pid] = label
 
 
-def _run_child(cmd, env=None):
-    """(CompletedProcess, wall s, CPU s used while it ran, CPU s of its own processes). The
+def _run_child(cmd, env=None, by_process: dict | None = None):
+    """(CompletedProcess, wall s, CPU s used while it ran, CPU s of its own processes);
+    ``by_process``, if given, is filled with CPU s by process label (:func:`_label`). The
     first CPU figure is the machine's busy time (``/proc/stat``), not the child's rusage: a Ray
     run's worker processes are children of the raylet, which a child's rusage never counts; on a
     quiet machine the rest is noise. Without ``/proc/stat``, the child's own rusage (its children
@@ -148,11 +176,12 @@ def _run_child(cmd, env=None):
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env)
     seen: dict[int, float] = {}
+    names: dict[int, str] | None = {} if by_process is not None else None
     tree = os.path.isdir("/proc/self")
     out, err = "", ""
     while True:
         if tree:
-            _tree_cpu_s(child.pid, seen)
+            _tree_cpu_s(child.pid, seen, names)
         try:
             out, err = child.communicate(timeout=0.2)
             break
@@ -164,6 +193,10 @@ def _run_child(cmd, env=None):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     tree_s = max(sum(seen.values()), own) if tree else None
+    if by_process is not None and names is not None:
+        for pid, cpu in seen.items():
+            label = names.get(pid, "?")
+            by_process[label] = by_process.get(label, 0.0) + cpu
     if busy0 is not None and busy1 is not None:
         return proc, wall, busy1 - busy0, tree_s
     return proc, wall, own, tree_s
@@ -189,7 +222,8 @@ def run_asyncflow(a, work: str) -> dict:
     for s in sets:
         cmd += ["--set", s]
     print(f"[asyncflow] {' '.join(cmd[3:])}", flush=True)
-    proc, wall, cpu, tree = _run_child(cmd)
+    by_process: dict[str, float] = {}
+    proc, wall, cpu, tree = _run_child(cmd, by_process=by_process)
     path = os.path.join(out_dir, "metrics.jsonl")
     if proc.returncode != 0 or not os.path.exists(path):
         return {"error": f"asyncflow run exited {proc.returncode}: "
@@ -198,7 +232,8 @@ def run_asyncflow(a, work: str) -> dict:
         rows = [json.loads(line) for line in f if line.strip()]
     steps = [{"step_time": float(r["step_time"]), "samples": int(r["samples"]),
               "reward_mean": float(r["reward_mean"])} for r in rows]
-    return {"steps": steps, "wall_s": wall, "cpu_s": cpu, "tree_cpu_s": tree}
+    return {"steps": steps, "wall_s": wall, "cpu_s": cpu, "tree_cpu_s": tree,
+            "by_process": by_process}
 
 
 # ---------------------------------------------------------------------------- TRL
@@ -351,6 +386,16 @@ def summarise(res: dict, a) -> dict:
                            if res.get("tree_cpu_s") is not None and samples else None)}
 
 
+def print_by_process(by_process: dict[str, float], total: float | None) -> None:
+    """asyncflow's CPU seconds by process (Ray's daemons, its workers by title, the driver):
+    where the CPU that is not the engines' compute goes."""
+    total = total or sum(by_process.values()) or 1.0
+    print("\nasyncflow's CPU by process (s, share of its processes' total):")
+    for label, cpu in sorted(by_process.items(), key=lambda kv: -kv[1]):
+        if cpu >= 0.05:
+            print(f"  {label:<44} {cpu:8.1f}  {cpu / total:6.1%}")
+
+
 def _f(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
@@ -483,6 +528,8 @@ def main(argv=None) -> int:
         if not a.skip_trl:
             trl = summarise(run_trl(a, work), a)
     print_table(af, trl, a)
+    if af and af.get("by_process"):
+        print_by_process(af["by_process"], af.get("tree_cpu_s"))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(a).items() if k != "trl_worker"},
