@@ -13,7 +13,7 @@ from asyncflow.compiler import compile_file
 from asyncflow.errors import AsyncflowError, UserError
 from asyncflow.plan import Plan
 from asyncflow.simulate import simulate
-from asyncflow.simulate.calibrate import Calibration, TaskFit, calibrate, fit, typical_step_s
+from asyncflow.simulate.calibrate import Calibration, TaskFit, calibrate, fit
 from asyncflow.simulate.costs import device
 
 from shared_runs import SHRINK, cli, shipped_run
@@ -38,8 +38,8 @@ def test_calibrated_simulation_takes_the_measured_step_time(run):
     assert c.measured_step_s > 0 and c.step_s >= 0
     with open(os.path.join(run.out, "plan.json")) as f:
         run_plan = Plan.from_json(f.read())
-    raw = typical_step_s(list(simulate(run_plan).step_ends))
-    fitted = typical_step_s(list(simulate(run_plan, calibration=c).step_ends))
+    raw = simulate(run_plan).step_time_s
+    fitted = simulate(run_plan, calibration=c).step_time_s
     assert abs(fitted - c.measured_step_s) <= 0.05 * c.measured_step_s
     assert abs(fitted - c.measured_step_s) < abs(raw - c.measured_step_s)
 
@@ -90,22 +90,3 @@ def test_a_run_with_held_out_evaluations_calibrates_as_without(run, tmp_path):
         x for i, r in enumerate(rows) for x in (ev % (i, i), r)) + "\n")
     a, b = fit(plan, run.out), fit(plan, str(copy))
     assert (b.steps, b.measured_step_s, b.tasks) == (a.steps, a.measured_step_s, a.tasks)
-
-
-def test_a_short_runs_slow_first_step_is_not_charged_to_every_step(run, tmp_path):
-    """The typical step is the median gap between step ends, not the mean: a 6-step run whose
-    first steady step carried its start-up (0.80 s against 0.67 s on Ray at alpha 2) fits the
-    steps after it, and the simulation is fitted to that."""
-    import json
-
-    assert typical_step_s([0.0, 0.8, 1.47, 2.14, 2.81, 3.48]) == pytest.approx(0.67)
-    assert typical_step_s([5.0]) == 0.0
-    plan = compile_file(LONGTAIL, sets=SETS)
-    copy = tmp_path / "slow_first"
-    shutil.copytree(run.out, copy)
-    last = json.loads((copy / "metrics.jsonl").read_text().splitlines()[-1])
-    ends = [0.0, 0.8, 1.47, 2.14, 2.81, 3.48]  # six steps, the first gap the slow one
-    (copy / "metrics.jsonl").write_text("".join(
-        json.dumps({**last, "step": i, "time": 10.0 + t}) + "\n" for i, t in enumerate(ends)))
-    c = fit(plan, str(copy))
-    assert c.steps == 6 and c.measured_step_s == pytest.approx(0.67)  # the mean: 0.696

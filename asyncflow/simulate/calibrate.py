@@ -20,8 +20,7 @@ From the run's ``trace.json`` (one span per op of every worker) and ``metrics.js
   received (``delta_fraction``): the simulator charges its delta edges that share.
 - **the rest of a step** (acks, the report, the driver's polls, Ray's call latency): one number of
   seconds a trainer is blocked at the end of each step, fitted so that the simulation of the
-  run's own plan (``RUN_DIR/plan.json``) takes the typical step time the run measured (the
-  median time between step ends, so a short run's start-up is not charged to every step).
+  run's own plan (``RUN_DIR/plan.json``) takes the steady step time the run measured.
 
 The run must be of the same pipeline (its name and tasks); it should be a short run separate
 from the one the calibration is compared with (``benchmarks/simulate_fidelity.py``).
@@ -192,18 +191,10 @@ def fit(plan: Plan, run_dir: str) -> Calibration:
         c.adopt_s_per_byte = max(0.0, sum(adopts) - hinted * len(adopts)) / nbytes
         c.adopt_s = 0.0
         c.delta_fraction = _delta_fraction(run_plan, nbytes / len(adopts))
+    times = [float(m["time"]) for m in metrics]
     c.steps = len(metrics)
-    c.measured_step_s = typical_step_s([float(m["time"]) for m in metrics])
+    c.measured_step_s = (times[-1] - times[0]) / (len(times) - 1)
     return c
-
-
-def typical_step_s(ends: list[float]) -> float:
-    """A run's typical step: the median time between consecutive step ends (steps 1..N-1). Not
-    the mean: a short run's first steps carry its start-up (at α ≥ 2 the rollouts run ahead
-    and share the CPU with the trainer: 0.80-0.87 s against 0.67 s later on Ray, 6-step runs of
-    sim_longtail), which the mean spreads over every step the calibration then charges."""
-    gaps = [b - a for a, b in zip(ends, ends[1:])]
-    return statistics.median(gaps) if gaps else 0.0
 
 
 def _delta_fraction(plan: Plan, per_adopt: float) -> float:
@@ -259,8 +250,8 @@ def _same_pipeline(plan: Plan, run_plan: Plan, run_dir: str) -> None:
 
 def calibrate(plan: Plan, run_dir: str, *, iterations: int = 14) -> Calibration:
     """:func:`fit`, then the end-of-step seconds that make the simulation of the run's own plan
-    take the typical step time it measured (:func:`typical_step_s` of both; bisection; 0 when
-    the fitted calls alone take as long)."""
+    take the steady step time it measured (bisection; 0 when the fitted calls alone take as
+    long)."""
     from asyncflow.simulate.core import simulate
 
     c = fit(plan, run_dir)
@@ -270,7 +261,7 @@ def calibrate(plan: Plan, run_dir: str, *, iterations: int = 14) -> Calibration:
     def step_time(x: float) -> float:
         c.step_s = x
         r = simulate(run_plan, max_events=budget, calibration=c)
-        return typical_step_s(list(r.step_ends)) if not r.stalled else math.inf
+        return r.step_time_s if not r.stalled else math.inf
 
     target = c.measured_step_s
     if step_time(0.0) >= target:
