@@ -3,6 +3,7 @@
     python benchmarks/simulate_fidelity.py [--steps 20] [--backend local|ray] [--quick]
                                            [--only NAME,...] [--repeat K] [--json PATH]
                                            [--calibrate-steps 6 | --no-calibrate]
+                                           [--keep-calibration DIR]
 
 For each configuration it compiles the plan once, simulates it (:func:`asyncflow.simulate.
 simulate`, virtual time) and runs it for real (:class:`asyncflow.runtime.driver.Driver`, the sim
@@ -141,26 +142,30 @@ def sim_run(plan, calibration=None) -> dict:
             "stalled": r.stalled}
 
 
-def calibration(plan, backend: str, steps: int):
-    """A short real run of ``plan`` (``steps`` steps) into a temporary run directory, and the
-    costs fitted to it (:func:`asyncflow.simulate.calibrate.calibrate`)."""
+def calibration(plan, backend: str, steps: int, keep: str | None = None):
+    """A short real run of ``plan`` (``steps`` steps) into a temporary run directory (``keep``:
+    into that directory, kept, to fit other ways later), and the costs fitted to it
+    (:func:`asyncflow.simulate.calibrate.calibrate`)."""
     import tempfile
 
     from asyncflow.runtime.driver import Driver
     from asyncflow.simulate.calibrate import calibrate
 
+    if keep:
+        Driver(plan.with_steps(steps), backend, out_dir=keep).run()
+        return calibrate(plan, keep)
     with tempfile.TemporaryDirectory(prefix="asyncflow-calibrate-") as d:
         Driver(plan.with_steps(steps), backend, out_dir=d).run()
         return calibrate(plan, d)
 
 
 def one(name: str, path: str, sets: list[str], steps: int, backend: str, repeat: int,
-        cal_steps: int = 0) -> dict:
+        cal_steps: int = 0, keep: str | None = None) -> dict:
     from asyncflow.compiler.pipeline import compile_file
 
     plan = compile_file(path, sets=sets + [f"step.steps={steps}"])
     sim = sim_run(compile_file(path, sets=sets + [f"step.steps={steps}"]))
-    cal = calibration(plan, backend, cal_steps) if cal_steps else None
+    cal = calibration(plan, backend, cal_steps, keep) if cal_steps else None
     reals = [real_run(plan, backend) for _ in range(repeat)]
     best = max(reals, key=lambda r: r["steady"])  # noise only ever slows a real run down
     row = {"config": name, "file": path, "sets": sets, "sim": sim, "real": best,
@@ -188,6 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-steps", type=int, default=6,
                     help="steps of the separate short real run the calibration is fitted to")
     ap.add_argument("--no-calibrate", action="store_true", help="the uncalibrated table only")
+    ap.add_argument("--keep-calibration", default=None, metavar="DIR",
+                    help="keep each calibration run in DIR/<configuration> (else removed)")
     a = ap.parse_args(argv)
     steps = 8 if a.quick and a.steps == 20 else a.steps
     names = [n.strip() for n in a.only.split(",")] if a.only else (QUICK if a.quick else None)
@@ -203,8 +210,14 @@ def main(argv=None) -> int:
     rows = []
     for name, path, sets in configs:
         t = time.time()
+        keep = None
+        if a.keep_calibration:
+            import os
+            import re
+
+            keep = os.path.join(a.keep_calibration, re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name))
         rows.append(one(name, path, sets, steps, a.backend, a.repeat,
-                        0 if a.no_calibrate else a.calibrate_steps))
+                        0 if a.no_calibrate else a.calibrate_steps, keep))
         print(f"  {name}: {time.time() - t:.1f} s", file=sys.stderr)
     print_table(rows, a.backend, steps, "")
     if not a.no_calibrate:
