@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 
@@ -76,6 +75,7 @@ def main(argv=None) -> int:
     from asyncflow.compiler.pipeline import compile_file
     from asyncflow.simulate import calibrate as cal
     from asyncflow.simulate import simulate
+    from simulate_fidelity import keep_dir  # beside this script: where it kept each run
 
     ways = {"default": cal.typical_step_s, "mean": _mean, "drop1": _drop1, "median": _median,
             "trim": _trim}
@@ -86,33 +86,33 @@ def main(argv=None) -> int:
         f for f in floors_chosen if f not in floors]
     if unknown:
         ap.error(f"unknown --step/--floor {', '.join(unknown)} (known: {', '.join(ways)}; on, off)")
-    chosen = [f"{w}/{f}" if len(floors_chosen) > 1 else w
-              for w in steps_chosen for f in floors_chosen]
-    how = {c: (w, f) for c, (w, f) in zip(chosen, [(w, f) for w in steps_chosen
-                                                    for f in floors_chosen])}
+    # (label, way of reading the step, floor) for each fit compared
+    fits = [(f"{w}/{f}" if len(floors_chosen) > 1 else w, w, f)
+            for w in steps_chosen for f in floors_chosen]
     with open(a.results) as f:
         rows = json.load(f)
-    ratios: dict[str, list[float]] = {w: [] for w in chosen}
-    print(f"{'config':<28} {'real':>7}" + "".join(f" {w:>12}" for w in chosen))
+    ratios: dict[str, list[float]] = {label: [] for label, _, _ in fits}
+    print(f"{'config':<28} {'real':>7}" + "".join(f" {label:>12}" for label in ratios))
     for r in rows:
-        run_dir = os.path.join(a.keep, re.sub(r"[^A-Za-z0-9_.=+-]+", "_", r["config"]))
+        run_dir = keep_dir(a.keep, r["config"])
         steps = r["real"]["steps"]
         plan = compile_file(os.path.join(ROOT, r["file"]), sets=r["sets"] + [f"step.steps={steps}"])
         line = f"{r['config']:<28} {r['real']['steady']:>7.1f}"
-        for w in chosen:
+        for label, w, fl in fits:
             saved = cal.typical_step_s, cal.keeps_hints
-            cal.typical_step_s, cal.keeps_hints = ways[how[w][0]], floors[how[w][1]]
+            cal.typical_step_s, cal.keeps_hints = ways[w], floors[fl]
             try:
                 c = cal.calibrate(plan, run_dir)
                 ratio = simulate(plan, calibration=c).samples_per_s / r["real"]["steady"]
+            except cal.CalibrationError as e:  # not this invocation's kept runs
+                raise SystemExit(f"calibration_fit.py: {e}") from None
             finally:
                 cal.typical_step_s, cal.keeps_hints = saved
-            ratios[w].append(ratio)
+            ratios[label].append(ratio)
             line += f" {ratio:>12.3f}"
         print(line, flush=True)
-    for w in chosen:
-        v = ratios[w]
-        print(f"{w:<14} within 5%: {sum(abs(x - 1) <= 0.05 for x in v)}/{len(v)}, within 2.5%: "
+    for label, v in ratios.items():
+        print(f"{label:<14} within 5%: {sum(abs(x - 1) <= 0.05 for x in v)}/{len(v)}, within 2.5%: "
               f"{sum(abs(x - 1) <= 0.025 for x in v)}/{len(v)}")
     return 0
 

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 
@@ -146,17 +148,23 @@ def calibration(plan, backend: str, steps: int, keep: str | None = None):
     """A short real run of ``plan`` (``steps`` steps) into a temporary run directory (``keep``:
     into that directory, kept, to fit other ways later), and the costs fitted to it
     (:func:`asyncflow.simulate.calibrate.calibrate`)."""
+    import contextlib
     import tempfile
 
     from asyncflow.runtime.driver import Driver
     from asyncflow.simulate.calibrate import calibrate
 
-    if keep:
-        Driver(plan.with_steps(steps), backend, out_dir=keep).run()
-        return calibrate(plan, keep)
-    with tempfile.TemporaryDirectory(prefix="asyncflow-calibrate-") as d:
+    where = contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory(
+        prefix="asyncflow-calibrate-")
+    with where as d:
         Driver(plan.with_steps(steps), backend, out_dir=d).run()
         return calibrate(plan, d)
+
+
+def keep_dir(root: str, name: str) -> str:
+    """Where ``--keep-calibration root`` keeps configuration ``name``'s calibration run (read
+    back by benchmarks/calibration_fit.py)."""
+    return os.path.join(root, re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name))
 
 
 def one(name: str, path: str, sets: list[str], steps: int, backend: str, repeat: int,
@@ -201,6 +209,12 @@ def main(argv=None) -> int:
     configs = [c for c in CONFIGS if names is None or c[0] in names]
     if not configs:
         ap.error(f"no configuration named {a.only!r} (known: {', '.join(c[0] for c in CONFIGS)})")
+    if a.keep_calibration:  # a kept run is never overwritten (its --json would no longer match)
+        taken = [d for d in (keep_dir(a.keep_calibration, c[0]) for c in configs)
+                 if os.path.exists(d)]
+        if taken:
+            ap.error(f"--keep-calibration: {', '.join(taken)} already exists (a new DIR, or "
+                     "remove it)")
     if a.backend == "ray":
         from asyncflow.runtime.ray_connect import ensure_ray
 
@@ -210,12 +224,7 @@ def main(argv=None) -> int:
     rows = []
     for name, path, sets in configs:
         t = time.time()
-        keep = None
-        if a.keep_calibration:
-            import os
-            import re
-
-            keep = os.path.join(a.keep_calibration, re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name))
+        keep = keep_dir(a.keep_calibration, name) if a.keep_calibration else None
         rows.append(one(name, path, sets, steps, a.backend, a.repeat,
                         0 if a.no_calibrate else a.calibrate_steps, keep))
         print(f"  {name}: {time.time() - t:.1f} s", file=sys.stderr)

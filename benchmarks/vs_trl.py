@@ -193,7 +193,7 @@ def _run_child(cmd, env=None, by_process: dict | None = None):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     tree_s = max(sum(seen.values()), own) if tree else None
-    if by_process is not None and names is not None:
+    if names is not None:  # by_process was given
         for pid, cpu in seen.items():
             label = names.get(pid, "?")
             by_process[label] = by_process.get(label, 0.0) + cpu
