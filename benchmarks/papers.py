@@ -247,6 +247,27 @@ def with_7b(cfg: dict) -> dict:
     return cfg
 
 
+# Qwen2.5-7B's layout (its config.json): the LoRA row's adapter is laid out from it
+QWEN_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+           "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}
+LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
+
+
+def with_lora(plan, cfg: dict):
+    """``plan`` with its trained model a Qwen2.5-7B layout (a ``config.json`` alone, written to
+    a temporary folder) trained through a LoRA adapter (:data:`LORA`): the simulator charges
+    each sync the adapter's bytes (asyncflow.simulate.transfer.adapter_params), in float32."""
+    import dataclasses
+
+    folder = Path(tempfile.mkdtemp(prefix="qwen7b_layout_"))
+    (folder / "config.json").write_text(json.dumps(QWEN_7B))
+    name = cfg["tasks"][_tasks(cfg, "train")]["model"]
+    return dataclasses.replace(plan, models=[
+        dataclasses.replace(m, source_kind="directory", path=str(folder), params=0,
+                            lora=dict(LORA)) if m.name == name else m for m in plan.models])
+
+
 def transfer_jobs(jobs: list) -> list:
     """Each job again per method of :data:`TRANSFERS`, a 7B model's sync included (key
     ``<method>:<key>``). The method is set on the compiled plan: the sim engine only syncs
@@ -264,9 +285,11 @@ def run_one(job: tuple) -> tuple[str, dict]:
     alpha = int(cfg["sync"][0]["max_staleness"])
     plan, link = compile_cfg(cfg), None
     if sync and sync[0]:
-        via, link = sync[0]
+        via, link, *lora = sync[0]
         plan = dataclasses.replace(plan, sync=[dataclasses.replace(s, via=via)
                                                for s in plan.sync])
+        if lora:
+            plan = with_lora(plan, cfg)
     r = simulate(plan, steps=steps, link=link)
     rate, step_s = steady(r.step_ends, r.samples, alpha) if not r.stalled else (0.0, 0.0)
     return key, {"samples_per_s": rate, "step_time_s": step_s,

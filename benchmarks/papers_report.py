@@ -9,8 +9,10 @@ from pathlib import Path
 PAPER = {"rlvr": 2.24, "agentic": 2.72, "asyncflow_avg": 1.59, "asyncflow_max": 2.03}
 ALPHA = 2  # ROLL Flash's asynchronous runs in figure 1
 SIZE = {"width": 1000, "height": 560}
-# --transfer: each method of syncing a 7B model over its usual link (asyncflow.simulate.links)
-TRANSFERS = {"store": ("store", "ethernet"), "collective": ("collective", "infiniband")}
+# --transfer: each method of syncing a 7B model over its usual link (asyncflow.simulate.links);
+# "lora": the same model trained with a LoRA adapter (r 16, all-linear), synced through the store
+TRANSFERS = {"store": ("store", "ethernet"), "collective": ("collective", "infiniband"),
+             "lora": ("store", "ethernet", "lora")}
 
 
 def fmt_row(cells: list, widths: list[int]) -> str:
@@ -59,7 +61,8 @@ def transfer_figures(cfg: dict, bases: dict, af: dict, res: dict, plots: bool,
             "K", cfg["sizes"], ("sync", "async"),
             lambda k: (f"{wl}/sync/{k}", f"{wl}/async{ALPHA}/{k}"))  # noqa: B023
         table(f"ROLL Flash, figure 1a ({wl}) with a 7B model's weight sync (bf16, 14 GB; store "
-              "over 25 GbE, collective over NDR InfiniBand; none: the figure above), samples/s",
+              "over 25 GbE, collective over NDR InfiniBand; lora: its r 16 adapter, 161 MB, "
+              "through the store; none: the figure above), samples/s",
               ["K"] + [f"{m} {x}" for m in methods for x in ("sync", "async", "speedup")], rows)
     if af is not None and any(k.startswith("af/") for k in res):
         out["asyncflow"], rows = compare("D", cfg["cluster"], ("colocated", "async"),
@@ -175,9 +178,11 @@ def plot_asyncflow(cfg: dict, variants, out: list, n: int, out_dir: Path) -> Non
 def plot_transfer(cfg: dict, out: dict, out_dir: Path) -> None:
     from asyncflow.viz.chart import line_chart
 
-    colors = {"none": "#7F7F7F", "store": "#D55E00", "collective": "#0072B2"}
+    colors = {"none": "#7F7F7F", "store": "#D55E00", "collective": "#0072B2",
+              "lora": "#009E73"}
     label = {"none": "no transfer (as above)", "store": "store, 25 GbE",
-             "collective": "collective, InfiniBand NDR"}
+             "collective": "collective, InfiniBand NDR",
+             "lora": "LoRA r 16 (161 MB), store, 25 GbE"}
     if out["roll"]:
         sizes = cfg["sizes"]
         top = max(p[m]["speedup"] for pts in out["roll"].values() for p in pts for m in colors)
@@ -189,8 +194,9 @@ def plot_transfer(cfg: dict, out: dict, out_dir: Path) -> None:
                                "dash": wl == "agentic"})
         line_chart(series, title=f"ROLL Flash, simulated: async (alpha {ALPHA}) over sync with "
                    "a 7B model's weight sync",
-                   subtitle="14 GB a sync (bf16), charged to both runs; solid: RLVR, dashed: "
-                   "agentic", xlabel="devices K (log scale)", ylabel="speedup (x)", log_x=True,
+                   subtitle="14 GB a sync (bf16; LoRA: 161 MB), charged to both runs; solid: "
+                   "RLVR, dashed: agentic", xlabel="devices K (log scale)",
+                   ylabel="speedup (x)", log_x=True,
                    **SIZE).save(out_dir / "papers_roll_flash_speedup_7b.png")
         pts = out["roll"]["rlvr"]
         top = max(p[m]["async"] for p in pts for m in colors)
@@ -201,8 +207,8 @@ def plot_transfer(cfg: dict, out: dict, out_dir: Path) -> None:
             series.append({"label": f"sync: {label[m]}", "xs": sizes,
                            "ys": [p[m]["sync"] for p in pts], "color": colors[m], "dash": True})
         line_chart(series, title="ROLL Flash (RLVR), simulated: throughput with a 7B model's "
-                   "weight sync", subtitle="14 GB a sync (bf16); solid: async (alpha 2), "
-                   "dashed: sync", xlabel="devices K (log scale)",
+                   "weight sync", subtitle="14 GB a sync (bf16; LoRA: 161 MB); solid: async "
+                   "(alpha 2), dashed: sync", xlabel="devices K (log scale)",
                    ylabel="samples / s (virtual time)", log_x=True,
                    **SIZE).save(out_dir / "papers_roll_flash_throughput_7b.png")
     if out["asyncflow"]:
@@ -212,12 +218,12 @@ def plot_transfer(cfg: dict, out: dict, out_dir: Path) -> None:
         for m in colors:
             series.append({"label": f"full AsyncFlow over colocated sync: {label[m]}", "xs": ds,
                            "ys": [p[m]["speedup"] for p in out["asyncflow"]],
-                           "color": colors[m]})
+                           "color": colors[m], "dash": m == "lora"})  # (on "none" if cheap)
         series.append({"label": f"paper: {PAPER['asyncflow_avg']}x average",
                        "xs": [ds[0], ds[-1]], "ys": [PAPER["asyncflow_avg"]] * 2,
                        "color": "#999999", "dash": True, "points": False})
         line_chart(series, title="AsyncFlow, simulated: speedup with a 7B model's weight sync",
-                   subtitle="14 GB a sync (bf16), charged to both runs",
+                   subtitle="14 GB a sync (bf16; LoRA: 161 MB), charged to both runs",
                    xlabel="devices D (log scale)", ylabel="speedup (x)", log_x=True,
                    **SIZE).save(out_dir / "papers_asyncflow_speedup_7b.png")
 

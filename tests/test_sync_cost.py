@@ -168,3 +168,30 @@ def test_a_calibrated_delta_edge_is_charged_the_share_its_run_moved():
     assert SyncCosts(delta, "infiniband").sizes() == {"policy": 2e9}
     assert SyncCosts(p, "infiniband", cal).sizes() == {"policy": 2e9}
     assert "moved 25.0% of the model's bytes" in cal.describe()
+
+
+def test_papers_lora_row_charges_a_qwen_7b_adapter_and_runs():
+    """benchmarks/papers.py --transfer's LoRA row: the trained model laid out as Qwen2.5-7B
+    (config.json alone) with an r 16 all-linear adapter moves 40,370,176 float32 elements a
+    sync (r x (in + out) over 28 layers' seven projections), not the 14 GB of the bf16 model,
+    and its simulation runs, slower than free and faster than the full model's store sync."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("papers", ROOT / "benchmarks" / "papers.py")
+    papers = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(papers)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    free = papers.roll_sync(papers.load("roll_flash.yaml", 8, 3), 8)
+    cfg = papers.with_7b(free)
+    plan = papers.compile_cfg(cfg)
+    name = cfg["tasks"][papers._tasks(cfg, "train")]["model"]
+    assert model_bytes(plan, name) == 14e9
+    per_layer = 16 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))
+    assert model_bytes(papers.with_lora(plan, cfg), name) == 4 * 28 * per_layer
+    rate = {m: papers.run_one((m, free if m == "none" else cfg, 3, papers.TRANSFERS.get(m)))[1][
+        "samples_per_s_from_step0"] for m in ("none", "store", "lora")}
+    assert rate["store"] < rate["lora"] < rate["none"]
