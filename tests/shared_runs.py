@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from asyncflow.runtime.ray_connect import local_worker_priority
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 # per pipeline stem: shorter sim latencies (the claims read do not depend on them)
@@ -160,7 +162,8 @@ def ray_session():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        with local_worker_priority():  # the workers' niceness, as asyncflow's own
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()

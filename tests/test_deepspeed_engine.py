@@ -5,6 +5,8 @@ import socket
 
 import pytest
 
+from asyncflow.runtime.ray_connect import local_worker_priority
+
 deepspeed = pytest.importorskip(
     "deepspeed", reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install "
     "--no-build-isolation deepspeed)")
@@ -251,7 +253,8 @@ def test_two_replicas_reach_the_one_replica_weights(batch, stage, split):
     for _ in range(2):
         m_one = one.train_step(batch)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with local_worker_priority():  # the workers' niceness, as asyncflow's own
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = free_port()
         actor = ray.remote(num_cpus=1)(DeepSpeedEngine)
@@ -300,7 +303,8 @@ def test_two_replicas_resume_from_their_checkpoints(batch, tmp_path):
     args = dict(micro_batch=2, zero_stage=2)
     parts = [rows_of(batch, idx) for idx in SPLITS["uneven"]]
     dirs = [str(tmp_path / f"update_{r}") for r in range(2)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with local_worker_priority():  # the workers' niceness, as asyncflow's own
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         actor = ray.remote(num_cpus=1)(DeepSpeedEngine)
         port = free_port()

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from asyncflow.runtime.ray_connect import local_worker_priority
+
 ray = pytest.importorskip("ray")
 
 from asyncflow.compiler.pipeline import compile_text  # noqa: E402
@@ -65,7 +67,8 @@ SIM_TRAIN = PIPELINE.replace("ENGINE", "sim").replace("ARGS", "{seconds_per_samp
 def ray_with_declared_gpus():
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, configure_logging=False)
+    with local_worker_priority():  # the workers' niceness, as asyncflow's own
+        ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, configure_logging=False)
     yield
     ray.shutdown()
 

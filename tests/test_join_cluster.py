@@ -48,6 +48,7 @@ def head(tmp_path_factory):
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
            "ASYNCFLOW_TEST_RUN": marker}
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_worker_niceness", None)  # the head's own workers: Ray's default niceness
     ray = str(Path(sys.executable).with_name("ray"))
     r = subprocess.run([ray, "start", "--head", "--port", str(port), "--num-cpus", "2",
                         "--num-gpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
@@ -91,6 +92,35 @@ def test_joins_a_ray_start_head_with_its_token_and_gets_its_gpus(head, tmp_path)
     w = json.loads((tmp_path / "run" / "workers.json").read_text())
     gen, upd = w["generate/0"]["gpus"], w["update/0"]["gpus"]
     assert len(gen) == 1 and len(upd) == 1 and gen != upd, w  # two pools: disjoint GPU ids
+    # the head's raylet started them: the job's environment, not the head's, set their priority
+    assert {x["nice"] for x in w.values()} == {0}, w
+
+
+_NICE = """
+import json, os
+from asyncflow.runtime.ray_connect import ensure_ray
+ray, started = ensure_ray(num_cpus=1)
+nice = ray.remote(num_cpus=0)(lambda: os.nice(0))
+print(json.dumps({"worker": ray.get(nice.remote()), "started": started,
+                  "env": os.environ.get("RAY_worker_niceness")}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize("given", [None, "7"])
+def test_a_local_rays_workers_run_at_the_drivers_priority(tmp_path, given):
+    """Ray runs its workers at nice 15, under every process at the default 0 (beside two busy
+    processes a run's workers got ~3% of a core); a run's own local Ray runs them at 0, a
+    RAY_worker_niceness the user set is kept, and the environment is left as it was."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_worker_niceness")}
+    env["PYTHONPATH"] = str(ROOT)
+    if given is not None:
+        env["RAY_worker_niceness"] = given
+    r = subprocess.run([sys.executable, "-c", _NICE], capture_output=True, text=True, timeout=180,
+                       env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"worker": int(given or 0), "started": True, "env": given}
 
 
 def test_more_gpus_than_the_cluster_has_is_af609_at_once(head, tmp_path):

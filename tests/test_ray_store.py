@@ -8,6 +8,8 @@ import time
 import numpy as np
 import pytest
 
+from asyncflow.runtime.ray_connect import local_worker_priority
+
 ray = pytest.importorskip("ray")
 
 from asyncflow.runtime.store.ray import RayStore  # noqa: E402
@@ -18,7 +20,8 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with local_worker_priority():  # the workers' niceness, as asyncflow's own
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

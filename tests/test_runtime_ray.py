@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from asyncflow.runtime.ray_connect import local_worker_priority
+
 ray = pytest.importorskip("ray")
 
 from asyncflow.runtime.driver import Driver  # noqa: E402
@@ -15,7 +17,8 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+        with local_worker_priority():  # the workers' niceness, as asyncflow's own
+            ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
     yield
     ray.shutdown()
 

@@ -19,6 +19,8 @@ import random
 
 import pytest
 
+from asyncflow.runtime.ray_connect import local_worker_priority
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -360,7 +362,8 @@ def test_deepspeed_two_replicas_stream_reaches_one_replica_weights(process_group
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     parts = ([[7, 2, 9], [], [0], [4, 10]], [[5, 1, 3, 6], [8]])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with local_worker_priority():  # the workers' niceness, as asyncflow's own
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         from asyncflow.engines.deepspeed import DeepSpeedEngine
 

@@ -1,9 +1,12 @@
 """Connecting to Ray (:func:`ensure_ray`): joining a cluster (``--address``, or Ray's own
 ``RAY_ADDRESS``), with a fast probe and a hint when it cannot be joined (AF608), or starting a
 local Ray of this run's own (tried twice, then AF613 with the machine's load in its hint).
+
+A run's Ray workers run at the driver's CPU priority (:data:`NICENESS`), not Ray's.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -36,8 +39,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None,
         address = env
     if address:
         probe_address(address)
-        try:
-            ray.init(address=address, **kw)
+        try:  # the head's raylet starts the workers: the niceness travels with the job
+            ray.init(address=address, runtime_env={"env_vars": worker_priority()}, **kw)
         except ConnectionError as e:  # Ray's own, after its retries: most often the token
             raise join_error(address, "Ray's client could not connect: the head refused it or "
                              f"did not answer ({str(e).splitlines()[0][:160]})") from None
@@ -45,7 +48,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None,
     why = ""
     for attempt in range(START_ATTEMPTS):
         try:
-            with lean_local_ray(ray, full):
+            with lean_local_ray(ray, full), local_worker_priority():
                 ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kw)
             return ray, True
         except Exception as e:  # noqa: BLE001 -- Ray raises a bare Exception here; reported below
@@ -58,6 +61,39 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None,
                 print(f"asyncflow: a local Ray did not start ({why}); trying once more",
                       file=sys.stderr)
     raise start_error(why)
+
+
+# Ray runs every worker process at nice 15 (its ``worker_niceness``), below every process at
+# the default 0, so that its raylet stays responsive. A run's workers are the job itself: beside
+# one busy process per core they got ~3% of a core each (nice 15 weighs 36 against 1,024), their
+# heartbeats and leases lapsed, and a run on Ray took 20-25x as long as on a quiet machine (the
+# test suite beside two CPU hogs: 82 minutes). They run at nice 0 instead, the driver's; a
+# ``RAY_worker_niceness`` set where asyncflow runs is kept (e.g. 15: Ray's own).
+NICENESS = "0"
+
+
+def worker_priority() -> dict[str, str]:
+    """The environment that sets a run's Ray workers' niceness (:data:`NICENESS`, or the
+    ``RAY_worker_niceness`` already set): read by each worker's Ray core at its start."""
+    return {"RAY_worker_niceness": os.environ.get("RAY_worker_niceness", NICENESS)}
+
+
+@contextlib.contextmanager
+def local_worker_priority():
+    """While a local Ray starts (``ray.init()`` inside): :func:`worker_priority` in this
+    process's environment, which its raylet, and the workers the raylet starts, inherit; the
+    environment as it was after."""
+    env = worker_priority()
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 START_ATTEMPTS = 2  # a local Ray's start, tried again once (Ray waits a fixed 30 s for its node)

@@ -381,9 +381,12 @@ class Worker(Loop):
         return out
 
     def _where(self) -> dict:
-        """Where this worker ran: host, pid, Ray node id (ray backend), pinned CPU cores."""
+        """Where this worker ran: host, pid, Ray node id (ray backend), its process's niceness
+        (a Ray worker's: asyncflow.runtime.ray_connect.NICENESS), pinned CPU cores."""
         out: dict = {"task": self.task.name, "pool": self.wp.pool, "host": socket.gethostname(),
                      "pid": os.getpid(), **self.host.node()}
+        if hasattr(os, "nice"):
+            out["nice"] = os.nice(0)
         if self.opt.get("cpu_affinity") and hasattr(os, "sched_getaffinity"):
             out["cpu_affinity"] = sorted(os.sched_getaffinity(0))
         if self._device is not None:  # placement rule 7 (asyncflow.runtime.devices)
