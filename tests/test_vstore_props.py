@@ -89,6 +89,10 @@ def both(stores, fn):
 # rows a whole-groups read leased, given back, then read plainly: each once
 @example(ops=[("add", 1, 2, True, False), ("get", 0, 2, 1, True, 2, None, None, False, 0),
               ("release", 0), ("get", 0, 4, 1, False, 1, None, None, False, 0)])
+# an ack after an ack_rows of some of the lease's rows, with a column for all of them: the same
+# StoreError on both stores (found by a loaded run of the suite)
+@example(ops=[("add", 1, 2, True, False), ("get", 0, 2, 1, False, 1, None, None, False, 0),
+              ("ack_rows", 0, 1), ("ack", 0, True)])
 # rows every task consumed are freed
 @example(ops=[("add", 1, 2, True, False), ("get", 0, 2, 1, False, 1, None, None, False, 0),
               ("ack", 0, True), ("get", 1, 2, 1, False, 1, None, None, False, 0),
@@ -138,14 +142,15 @@ def test_vstore_gives_the_same_answers_as_the_sample_store(ops):
         elif kind in ("ack", "release", "renew") and leases:
             pair = leases[op[1] % len(leases)]
             if kind == "ack":
+                # the lease's rows as it was read: after an ack_rows of some of them, a column
+                # of that length is a StoreError, on both stores alike
                 cols = ({"y": [-r for r in pair[0].rows]}
                         if pair[0].task == "t0" and op[2] else None)
-                answers = [s.ack(lease, cols) for s, lease in zip(stores, pair)]
+                both(stores, lambda s: s.ack(pair[stores.index(s)], cols))
             elif kind == "release":
-                answers = [s.release(lease) for s, lease in zip(stores, pair)]
+                both(stores, lambda s: s.release(pair[stores.index(s)]))
             else:
-                answers = [s.renew(lease) for s, lease in zip(stores, pair)]
-            assert answers[0] == answers[1], op
+                both(stores, lambda s: s.renew(pair[stores.index(s)]))
         elif kind in ("ack_rows", "release_rows") and leases:
             pair = leases[op[1] % len(leases)]
             rows = pair[0].rows[:op[2]]
