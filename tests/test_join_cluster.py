@@ -153,3 +153,21 @@ def test_an_address_where_nothing_listens_is_af608_at_once(tmp_path):
     assert f"AF608 cannot join the Ray cluster at 127.0.0.1:{port}: nothing answers there" in text
     assert "RAY_AUTH_MODE=token" in text  # no token set here: the hint says how to set it
     assert "internal error" not in text and took < 30
+
+
+def test_a_submitted_jobs_own_niceness_is_not_set_twice(monkeypatch):
+    """Ray merges the join's runtime_env into a submitted job's own and refuses two values of
+    one variable: where the job's runtime_env already sets RAY_worker_niceness, the join adds
+    none (a ValueError from ray.init otherwise)."""
+    from asyncflow.runtime import ray_connect
+
+    var = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+    monkeypatch.delenv(var, raising=False)
+    assert not ray_connect._job_sets_niceness()
+    for job, sets in (({"runtime_env": {"env_vars": {"RAY_worker_niceness": "5"}}}, True),
+                      ({"runtime_env": {"env_vars": {"OTHER": "1"}, "pip": ["x"]}}, False),
+                      ({"runtime_env": None}, False)):
+        monkeypatch.setenv(var, json.dumps(job))
+        assert ray_connect._job_sets_niceness() is sets, job
+    monkeypatch.setenv(var, "not json")
+    assert not ray_connect._job_sets_niceness()

@@ -7,6 +7,7 @@ A run's Ray workers run at the driver's CPU priority (:data:`NICENESS`), not Ray
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -39,8 +40,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None,
         address = env
     if address:
         probe_address(address)
-        try:  # the head's raylet starts the workers: the niceness travels with the job
-            ray.init(address=address, runtime_env={"env_vars": worker_priority()}, **kw)
+        # the head's raylet starts the workers: the niceness travels with the job's runtime_env
+        # (Ray merges it into a submitted job's own, which must not name the same variable)
+        env = {} if _job_sets_niceness() else {"runtime_env": {"env_vars": worker_priority()}}
+        try:
+            ray.init(address=address, **env, **kw)
         except ConnectionError as e:  # Ray's own, after its retries: most often the token
             raise join_error(address, "Ray's client could not connect: the head refused it or "
                              f"did not answer ({str(e).splitlines()[0][:160]})") from None
@@ -76,6 +80,17 @@ def worker_priority() -> dict[str, str]:
     """The environment that sets a run's Ray workers' niceness (:data:`NICENESS`, or the
     ``RAY_worker_niceness`` already set): read by each worker's Ray core at its start."""
     return {"RAY_worker_niceness": os.environ.get("RAY_worker_niceness", NICENESS)}
+
+
+def _job_sets_niceness() -> bool:
+    """Whether this driver runs as a submitted Ray Job whose own runtime_env already sets
+    ``RAY_worker_niceness`` (Ray refuses to merge two values of one variable)."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    try:
+        env_vars = ((json.loads(raw) if raw else {}).get("runtime_env") or {}).get("env_vars")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(env_vars, dict) and "RAY_worker_niceness" in env_vars
 
 
 @contextlib.contextmanager
