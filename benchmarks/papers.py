@@ -254,14 +254,30 @@ QWEN_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden
 LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
 
 
+_LAYOUT: list = []  # this process's folder of QWEN_7B's config.json (removed at exit)
+
+
+def _qwen7b_layout() -> Path:
+    """A folder holding :data:`QWEN_7B` as ``config.json``: one per process (forked workers
+    share their parent's, made before they start), removed when the process exits."""
+    if not _LAYOUT:
+        import atexit
+        import shutil
+
+        folder = Path(tempfile.mkdtemp(prefix="qwen7b_layout_"))
+        (folder / "config.json").write_text(json.dumps(QWEN_7B))
+        atexit.register(shutil.rmtree, folder, True)
+        _LAYOUT.append(folder)
+    return _LAYOUT[0]
+
+
 def with_lora(plan, cfg: dict):
-    """``plan`` with its trained model a Qwen2.5-7B layout (a ``config.json`` alone, written to
-    a temporary folder) trained through a LoRA adapter (:data:`LORA`): the simulator charges
+    """``plan`` with its trained model a Qwen2.5-7B layout (a ``config.json`` alone, in a temporary
+    folder, one per process) trained through a LoRA adapter (:data:`LORA`): the simulator charges
     each sync the adapter's bytes (asyncflow.simulate.transfer.adapter_params), in float32."""
     import dataclasses
 
-    folder = Path(tempfile.mkdtemp(prefix="qwen7b_layout_"))
-    (folder / "config.json").write_text(json.dumps(QWEN_7B))
+    folder = _qwen7b_layout()
     name = cfg["tasks"][_tasks(cfg, "train")]["model"]
     return dataclasses.replace(plan, models=[
         dataclasses.replace(m, source_kind="directory", path=str(folder), params=0,
@@ -305,6 +321,8 @@ def run_all(jobs: list[tuple[str, dict, int]], n_jobs: int) -> dict[str, dict]:
     if n_jobs <= 1:
         out = dict(map(run_one, jobs))
     else:
+        if any(len(j) > 3 and j[3] and j[3][2:] for j in jobs):
+            _qwen7b_layout()  # made here, so the forked workers share it and it is removed
         with mp.get_context("fork").Pool(n_jobs) as pool:
             out = dict(pool.imap_unordered(run_one, jobs))
     bad = {k: v["stalled"] for k, v in out.items() if v["stalled"]}
