@@ -31,6 +31,10 @@ from asyncflow.simulate.vstore_leases import VLeases
 from asyncflow.simulate.vstore_task import OneThread, VLease, VTask, select_groups
 
 
+#: a lease deadline no clock reaches (the simulator's ``lease_s``): kept off the expiry heap
+NEVER = 1e17
+
+
 class VStore(VLeases, StoreBase):
     """Event-indexed in-process store (module docstring); a drop-in for SampleStore. How its
     indexes follow a lease's rows is :class:`~asyncflow.simulate.vstore_leases.VLeases`; what
@@ -94,6 +98,23 @@ class VStore(VLeases, StoreBase):
                 rr = row[p]
                 if rr not in elig:
                     t.add(rr, group[p])
+
+    def _recheck_one(self, t: VTask, p: int) -> None:
+        """:meth:`_recheck` of the one position ``p`` (a serve loop's sample)."""
+        if t.consumed[p] or t.held[p] or self._dropped[p]:
+            return
+        readies = t.readies
+        if readies is None:
+            readies = [self._ready.get(f) for f in t.inputs]
+            if any(r is None for r in readies):
+                return
+            t.readies = readies
+        for r in readies:
+            if not r[p]:
+                return
+        rr = self._row[p]
+        if rr not in t.elig:
+            t.add(rr, self._group[p])
 
     # ------------------------------------------------------------------ writing
     def _new_task(self, task: str, inputs: tuple[str, ...]) -> None:
@@ -222,10 +243,11 @@ class VStore(VLeases, StoreBase):
             col[p] = x
             ready_of[f][p] = 1
             touched += readers.get(f, ())
-        pos = (p,)
         for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
-            self._recheck(t, pos)
-        self._changed()
+            self._recheck_one(t, p)
+        self._changes += 1  # _changed()
+        if self._waiters:
+            self._cv.notify_all()
 
     def _new_field(self) -> None:
         for t in self._tasks.values():
@@ -236,6 +258,21 @@ class VStore(VLeases, StoreBase):
         self._changes += 1
         if self._waiters:
             self._cv.notify_all()
+
+    def ack_rows(self, lease_id: int | Lease, rows: list[int],
+                 columns: dict[str, list] | None = None) -> bool:
+        """:meth:`StoreBase.ack_rows`; the ack of a one-row lease's row (a serve loop's sample,
+        the simulator's commonest call) takes a shorter path to the same effects."""
+        if len(rows) == 1:
+            with self._cv:
+                rec = self._leases.get(getattr(lease_id, "id", lease_id))
+                if rec is not None and len(rec.rows) == 1 and rec.rows[0] == int(rows[0]):
+                    if columns:
+                        self._write_pos(rec.pos, columns)
+                    del self._leases[rec.id]
+                    self._consume(rec.task, rec.pos, [rec.rows[0]])
+                    return True
+        return super().ack_rows(lease_id, rows, columns)
 
     def all_freed(self, rows) -> bool:
         with self._cv:
@@ -303,10 +340,12 @@ class VStore(VLeases, StoreBase):
             owner: str | None = None) -> Lease | None:
         if timeout <= 0 and not whole_groups and filter_fn is None and min_version is None:
             with self._cv:  # the simulator's reads: the lowest rows, now or never
-                t = self._task(task)
+                t = self._tasks.get(task) or self._task(task)
                 now = self._clock()
-                self._expire_locked(now)
-                need = max(int(min_rows), 1)
+                heap = self._heap
+                if heap and heap[0][0] <= now:
+                    self._expire_locked(now)
+                need = min_rows if min_rows > 1 else 1
                 if len(t.elig) < need:
                     return None
                 rows = t.pop_lowest(n, max_row, None)
@@ -360,8 +399,29 @@ class VStore(VLeases, StoreBase):
         lid = self._next_lease
         self._next_lease = lid + 1
         deadline = now + (self.lease_s if lease_s is None else lease_s)
+        group, data = self._group, self._data
+        if deadline < NEVER:  # the simulator's leases never expire: not on the expiry heap
+            heappush(self._heap, (deadline, lid))
+        if len(rows) == 1:  # a serve loop's free slot
+            r = rows[0]
+            p = r if self._pos is None else self._pos[r]
+            t.held[p] = 1
+            if t.groups is None:
+                t.elig.discard(r)
+            else:
+                t.remove(r, group[p])
+            t.n_held += 1
+            self._leases[lid] = VLease(lid, t, [p], rows, deadline, owner)
+            cols: dict[str, list] = {}
+            for f in (t.inputs if fields is None else fields):
+                col = data.get(f)
+                cols[f] = [None if col is None else col[p]]
+            v = self._version[p]
+            cols["_row"], cols["_group"] = [r], [group[p]]
+            cols["_version"] = [None if v == UNSET else v]
+            return Lease(lid, t.name, [r], cols, deadline)
         pos = rows if self._pos is None else [self._pos[r] for r in rows]
-        held, group, data = t.held, self._group, self._data
+        held = t.held
         if t.groups is None:
             t.elig.difference_update(rows)
             for p in pos:
@@ -372,17 +432,7 @@ class VStore(VLeases, StoreBase):
                 t.remove(r, group[p])
         t.n_held += len(rows)
         self._leases[lid] = VLease(lid, t, pos, rows, deadline, owner)  # never changed in place
-        heappush(self._heap, (deadline, lid))
-        cols: dict[str, list] = {}
-        if len(pos) == 1:  # a serve loop's free slot
-            p = pos[0]
-            for f in (t.inputs if fields is None else fields):
-                col = data.get(f)
-                cols[f] = [None if col is None else col[p]]
-            v = self._version[p]
-            cols["_row"], cols["_group"] = [rows[0]], [group[p]]
-            cols["_version"] = [None if v == UNSET else v]
-            return Lease(lid, t.name, [rows[0]], cols, deadline)
+        cols = {}
         for f in (t.inputs if fields is None else fields):
             col = data.get(f)
             cols[f] = [None] * len(pos) if col is None else [col[p] for p in pos]
