@@ -47,6 +47,16 @@ def test_workers_report_cpu_seconds_per_op(local_run):
     assert by_task["update"].get("COMPUTE", 0) > 0 and by_task["generate"].get("COMPUTE", 0) > 0
 
 
+def test_cpu_seconds_keep_an_op_of_a_few_microseconds_and_leave_out_none():
+    """An op that used 30 µs of CPU (a worker beside busy processes) is reported, not rounded
+    to 0.0; one that used none (or less than half a µs) is left out."""
+    from asyncflow.runtime.worker import cpu_report
+
+    got = cpu_report({"READ": 3e-5, "ACK": 2e-7, "WAIT": 0.0, "COMPUTE": 1.23456789})
+    assert got == {"COMPUTE": 1.234568, "READ": 3e-05}
+    assert list(got) == sorted(got)
+
+
 def test_driver_without_the_cli_records_no_import_phase(tmp_path):
     from asyncflow.compiler.pipeline import compile_file
     from asyncflow.runtime.driver import Driver

@@ -117,6 +117,13 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
         seed=plan.seed, replica=replica, replicas=task.replicas, extra=extra)
 
 
+
+def cpu_report(cpu: dict[str, float]) -> dict[str, float]:
+    """workers.json ``cpu_s``: thread CPU seconds per op kind, to the microsecond, of the ops
+    that used some (an op of a few µs, rounded to 4 places, read 0.0)."""
+    return {op: v for op, v in ((op, round(s, 6)) for op, s in sorted(cpu.items())) if v > 0}
+
+
 class ThreadHost:
     """Where a worker runs: a thread of the driver's process (the local backend)."""
 
@@ -285,8 +292,8 @@ class Worker(Loop):
     def _final(self, status: str, **more) -> dict:
         """The worker's result: status, counters, thread CPU seconds per op kind, where it ran."""
         self.enter(self._op)
-        cpu = {op: round(s, 4) for op, s in sorted(self._cpu.items()) if s > 0}
-        return {"worker": self.id, "status": status, **more, **self.stats, "cpu_s": cpu,
+        return {"worker": self.id, "status": status, **more, **self.stats,
+                "cpu_s": cpu_report(self._cpu),
                 **self._where()}
 
     def hold(self, lease, lease_s) -> None:
