@@ -325,7 +325,9 @@ class VStore(VLeases, StoreBase):
                 heap = self._heap
                 if heap and heap[0][0] <= now:
                     self._expire_locked(now)
-                need = min_rows if min_rows > 1 else 1
+                need = int(min_rows)
+                if need < 1:
+                    need = 1
                 if len(t.elig) < need:
                     return None
                 rows = t.pop_lowest(n, max_row, None)
