@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -254,21 +255,17 @@ QWEN_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden
 LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
 
 
-_LAYOUT: list = []  # this process's folder of QWEN_7B's config.json (removed at exit)
-
-
+@functools.cache
 def _qwen7b_layout() -> Path:
     """A folder holding :data:`QWEN_7B` as ``config.json``: one per process (forked workers
     share their parent's, made before they start), removed when the process exits."""
-    if not _LAYOUT:
-        import atexit
-        import shutil
+    import atexit
+    import shutil
 
-        folder = Path(tempfile.mkdtemp(prefix="qwen7b_layout_"))
-        (folder / "config.json").write_text(json.dumps(QWEN_7B))
-        atexit.register(shutil.rmtree, folder, True)
-        _LAYOUT.append(folder)
-    return _LAYOUT[0]
+    folder = Path(tempfile.mkdtemp(prefix="qwen7b_layout_"))
+    (folder / "config.json").write_text(json.dumps(QWEN_7B))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def with_lora(plan, cfg: dict):
@@ -321,7 +318,7 @@ def run_all(jobs: list[tuple[str, dict, int]], n_jobs: int) -> dict[str, dict]:
     if n_jobs <= 1:
         out = dict(map(run_one, jobs))
     else:
-        if any(len(j) > 3 and j[3] and j[3][2:] for j in jobs):
+        if any(len(j) > 3 and j[3] == TRANSFERS["lora"] for j in jobs):
             _qwen7b_layout()  # made here, so the forked workers share it and it is removed
         with mp.get_context("fork").Pool(n_jobs) as pool:
             out = dict(pool.imap_unordered(run_one, jobs))

@@ -13,7 +13,6 @@ rollout replicas 1-3 and latency seeds:
 """
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -117,7 +117,6 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
         seed=plan.seed, replica=replica, replicas=task.replicas, extra=extra)
 
 
-
 def cpu_report(cpu: dict[str, float]) -> dict[str, float]:
     """workers.json ``cpu_s``: thread CPU seconds per op kind, to the microsecond, of the ops
     that used some (an op of a few µs, rounded to 4 places, read 0.0)."""

@@ -94,23 +94,6 @@ class VStore(VLeases, StoreBase):
                 if rr not in elig:
                     t.add(rr, group[p])
 
-    def _recheck_one(self, t: VTask, p: int) -> None:
-        """:meth:`_recheck` of the one position ``p`` (a serve loop's sample)."""
-        if t.consumed[p] or t.held[p] or self._dropped[p]:
-            return
-        readies = t.readies
-        if readies is None:
-            readies = [self._ready.get(f) for f in t.inputs]
-            if any(r is None for r in readies):
-                return
-            t.readies = readies
-        for r in readies:
-            if not r[p]:
-                return
-        rr = self._row[p]
-        if rr not in t.elig:
-            t.add(rr, self._group[p])
-
     # ------------------------------------------------------------------ writing
     def _new_task(self, task: str, inputs: tuple[str, ...]) -> None:
         t = self._tasks[task] = VTask(task, inputs, len(self._row))
@@ -238,11 +221,10 @@ class VStore(VLeases, StoreBase):
             col[p] = x
             ready_of[f][p] = 1
             touched += readers.get(f, ())
+        pos = (p,)
         for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
-            self._recheck_one(t, p)
-        self._changes += 1  # _changed()
-        if self._waiters:
-            self._cv.notify_all()
+            self._recheck(t, pos)
+        self._changed()
 
     def _new_field(self) -> None:
         for t in self._tasks.values():
@@ -320,14 +302,10 @@ class VStore(VLeases, StoreBase):
             owner: str | None = None) -> Lease | None:
         if timeout <= 0 and not whole_groups and filter_fn is None and min_version is None:
             with self._cv:  # the simulator's reads: the lowest rows, now or never
-                t = self._tasks.get(task) or self._task(task)
+                t = self._task(task)
                 now = self._clock()
-                heap = self._heap
-                if heap and heap[0][0] <= now:
-                    self._expire_locked(now)
-                need = int(min_rows)
-                if need < 1:
-                    need = 1
+                self._expire_locked(now)
+                need = max(int(min_rows), 1)
                 if len(t.elig) < need:
                     return None
                 rows = t.pop_lowest(n, max_row, None)

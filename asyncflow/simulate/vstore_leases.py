@@ -1,7 +1,7 @@
 """The lease bookkeeping of :class:`~asyncflow.simulate.vstore.VStore` (:class:`VLeases`, one of
 its bases): how a lease is made, and how its per-task indexes change when a lease's rows are
-consumed or given back (a row given back is checked into its task's eligible set again). The lifecycle itself (ack,
-partial acks and releases, renewals, revokes, expiry: rule 4 of
+consumed or given back (a row given back is checked into its task's eligible set again). The
+lifecycle itself (ack, partial acks and releases, renewals, revokes, expiry: rule 4 of
 :mod:`asyncflow.runtime.store.local`) is :class:`~asyncflow.runtime.store.base.StoreBase`'s,
 shared with the in-process store. The state it changes is the VStore's own
 (docs/architecture.md, "The simulator")."""
@@ -25,29 +25,8 @@ class VLeases:
         lid = self._next_lease
         self._next_lease = lid + 1
         deadline = now + (self.lease_s if lease_s is None else lease_s)
-        group, data = self._group, self._data
-        if deadline < NEVER:  # the simulator's leases never expire: not on the expiry heap
-            heappush(self._heap, (deadline, lid))
-        if len(rows) == 1:  # a serve loop's free slot
-            r = rows[0]
-            p = r if self._pos is None else self._pos[r]
-            t.held[p] = 1
-            if t.groups is None:
-                t.elig.discard(r)
-            else:
-                t.remove(r, group[p])
-            t.n_held += 1
-            self._leases[lid] = VLease(lid, t, [p], rows, deadline, owner)
-            cols: dict[str, list] = {}
-            for f in (t.inputs if fields is None else fields):
-                col = data.get(f)
-                cols[f] = [None if col is None else col[p]]
-            v = self._version[p]
-            cols["_row"], cols["_group"] = [r], [group[p]]
-            cols["_version"] = [None if v == UNSET else v]
-            return Lease(lid, t.name, [r], cols, deadline)
         pos = rows if self._pos is None else [self._pos[r] for r in rows]
-        held = t.held
+        held, group, data = t.held, self._group, self._data
         if t.groups is None:
             t.elig.difference_update(rows)
             for p in pos:
@@ -58,7 +37,18 @@ class VLeases:
                 t.remove(r, group[p])
         t.n_held += len(rows)
         self._leases[lid] = VLease(lid, t, pos, rows, deadline, owner)  # never changed in place
-        cols = {}
+        if deadline < NEVER:  # the simulator's leases never expire: not on the expiry heap
+            heappush(self._heap, (deadline, lid))
+        cols: dict[str, list] = {}
+        if len(pos) == 1:  # a serve loop's free slot
+            p = pos[0]
+            for f in (t.inputs if fields is None else fields):
+                col = data.get(f)
+                cols[f] = [None if col is None else col[p]]
+            v = self._version[p]
+            cols["_row"], cols["_group"] = [rows[0]], [group[p]]
+            cols["_version"] = [None if v == UNSET else v]
+            return Lease(lid, t.name, [rows[0]], cols, deadline)
         for f in (t.inputs if fields is None else fields):
             col = data.get(f)
             cols[f] = [None] * len(pos) if col is None else [col[p] for p in pos]
@@ -67,21 +57,6 @@ class VLeases:
         ver = self._version
         cols["_version"] = [None if ver[p] == UNSET else ver[p] for p in pos]
         return Lease(lid, t.name, list(rows), cols, deadline)
-
-    def ack_rows(self, lease_id: int | Lease, rows: list[int],
-                 columns: dict[str, list] | None = None) -> bool:
-        """:meth:`StoreBase.ack_rows`; the ack of a one-row lease's row (a serve loop's sample,
-        the simulator's commonest call) takes a shorter path to the same effects."""
-        if len(rows) == 1:
-            with self._cv:
-                rec = self._leases.get(getattr(lease_id, "id", lease_id))
-                if rec is not None and len(rec.rows) == 1 and rec.rows[0] == int(rows[0]):
-                    if columns:
-                        self._write_pos(rec.pos, columns)
-                    del self._leases[rec.id]
-                    self._consume(rec.task, rec.pos, [rec.rows[0]])
-                    return True
-        return super().ack_rows(lease_id, rows, columns)
 
     def _consume(self, t: VTask, pos: list[int], rows: list[int]) -> None:
         held, consumed, done = t.held, t.consumed, self._done
