@@ -282,3 +282,34 @@ def test_a_refilling_filter_that_drops_everything_is_af635_not_a_hang(tmp_path):
     with pytest.raises(RunError) as e:
         _run(tmp_path, SMALL + [_latency(1), "sync.0.max_staleness=1"], path=path)
     assert str(e.value).startswith("AF635") and "'keep' (" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("consume,stream,ahead", [("first_ready", "true", 4),
+                                                  ("first_ready", "false", 0),
+                                                  ("in_order", "true", 0)])
+def test_the_plan_says_how_many_rows_a_streaming_first_ready_trainer_reads_ahead(consume, stream,
+                                                                               ahead):
+    plan = compile_file(LONGTAIL, sets=SMALL + [f"tasks.update.consume={consume}",
+                                                f"tasks.update.stream={stream}"])
+    reads = [o for w in plan.workers if w.task == "update" for o in w.ops if o.kind == "READ"]
+    assert reads and {o.ahead for o in reads} == {ahead}
+
+
+def test_a_streaming_first_ready_trainer_leases_the_next_step_while_the_last_computes(tmp_path):
+    """op.ahead: step n + 1's first micro-batch is leased before step n publishes (while the
+    device computes step n's last micro-batch), and trained in step n + 1, within alpha."""
+    plan, driver, result, steps_rows = _run(tmp_path, SMALL + [
+        _latency(3), "sync.0.max_staleness=1", "tasks.update.consume=first_ready"], steps=5)
+    trained = _check_invariants(plan, result, steps_rows, whole_steps=True)
+    assert len(trained) == 5 * plan.step.samples_per_step
+    with open(tmp_path / "run" / "trace.json") as f:
+        spans = [e for e in json.load(f)["traceEvents"]
+                 if e.get("ph") == "X" and e["cat"] == "update"]
+    publish = {e["args"]["step"]: e["ts"] for e in spans if e["name"] == "PUBLISH"}
+    first_read = {}
+    for e in spans:
+        if e["name"] == "READ":
+            s = e["args"]["step"]
+            first_read[s] = min(first_read.get(s, e["ts"]), e["ts"])
+    early = [n for n in range(plan.step.steps - 1) if first_read[n + 1] < publish[n]]
+    assert len(early) >= 2, (first_read, publish)

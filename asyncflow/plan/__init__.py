@@ -163,6 +163,9 @@ class Op:
     # READ ``micro_batch``: the most micro-batches (leases of ``rows`` rows) one store read may
     # take -- every ready one in a round trip, not a round trip each (lower rule 1); 0: one
     per_read: int = 0
+    # READ of a streaming ``first_ready`` trainer: the most rows of step n + 1 it leases while
+    # its device computes step n's last micro-batch (lower rule 1; 0: none ahead)
+    ahead: int = 0
     lease_s: float = 0.0  # READ: seconds before an unacked lease is re-issued (0: the run's)
     # READ of replica k of a data-parallel trainer's n replicas: [k, n], its share of every
     # step -- the step's groups g with g % n == k (lower rule 8); []: the whole step

@@ -18,7 +18,10 @@ WRITE lowering). Two separate functions build it:
      micro-batch that is ready in one store read (``per_read``: the step's micro-batches, so
      a step of 1,024 micro-batches of 16 is a few round trips, not 1,024; measured on Ray at
      micro-batches of 16 and 1,024, a cap of 1,024 rows a read was slower, its round trips
-     costing more than the wait for a first micro-batch); ``step`` -- one whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
+     costing more than the wait for a first micro-batch); a streaming ``first_ready`` trainer
+     leases step n + 1's first micro-batch while its device computes step n's last (``ahead``
+     rows: the step boundary's store calls are hidden behind device time, not added to it; the
+     staleness bound is step n + 1's either way); ``step`` -- one whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
      per lease (its whole batch: one store call fills every free slot); a train READ holds
      its lease for the whole step (``lease_s``);
   2. COMPUTE and WRITE follow the READ (outputs stream as soon as they exist), except a train
@@ -192,6 +195,8 @@ def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str
                 a = sync_alpha.get(d.model or "", 0)
                 new["note"] = (f"first ready rows of any step with step - version <= {a}; "
                                "too stale: dropped and replaced")
+                if train and sched["stream"] and read["granularity"] == "micro_batch":
+                    new["ahead"] = read["rows"]  # rule 1: the next step's first micro-batch
         elif op.kind == "COMPUTE" and train and sched["stream"]:  # rule 2, streaming
             mb = micro_batch(graph, task)
             new.update(rows=mb, repeat=math.ceil(sps / mb),

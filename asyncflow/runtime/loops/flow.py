@@ -140,6 +140,7 @@ class Flows:
                             it["micro"] = (lease, i, k)
                             yield Request("MICRO", op, it)
                     it.pop("micro", None)
+                    self.read_ahead(read, step + 1)  # while the last micro-batch computes
                     self.join_leases(it)
                     yield Request("STREAMED", op, it)
                 elif op.kind == "COMPUTE":

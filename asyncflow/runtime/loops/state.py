@@ -101,6 +101,8 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         self.newer: dict = {}  # model -> (version, entry) offered, not yet adopted
         self.idle = False  # the last READ found nothing
         self.cursor = int(self.opt.get("start_step", 0)) + self.wp.replica  # step READs
+        self.ahead: dict[int, list] = {}  # step -> leases read ahead of it (StepReads.read_ahead)
+        self.stale_reads = 0  # a trainer's reads that found rows too stale (and dropped them)
         # a data-parallel trainer's replica: its READs take its share of each step (lower rule 8)
         self.shares = any(o.share for o in self.body if o.kind == "READ")
         # what the next sync reports: (rows, values) of rewards, (rows, reason) of drops, run

@@ -44,13 +44,15 @@ class StepReads:
         return True
 
     def lease_step(self, want: int, *, step: int, min_rows: int, split: int | None = None,
-                    **kw) -> list:
+                    timeout: float | None = None, **kw) -> list:
         """One store read of a step READ: its leases, ``[]`` when not ``min_rows`` rows are
-        ready yet. With ``split`` < ``want``, up to ``want`` rows as leases of ``split`` rows
-        (the READ's micro-batches) in one store call (:meth:`SampleStore.get_split`). A trainer
-        drops rows beyond its staleness bound (gate rule 4: counted, and replaced when
-        ``staleness`` is a replaced reason) and reads again."""
-        timeout = float(self.opt.get("train_read_timeout_s", 0.05))
+        ready yet (within ``timeout`` s: the run's ``train_read_timeout_s`` unless given). With
+        ``split`` < ``want``, up to ``want`` rows as leases of ``split`` rows (the READ's
+        micro-batches) in one store call (:meth:`SampleStore.get_split`). A trainer drops rows
+        beyond its staleness bound (gate rule 4: counted, and replaced when ``staleness`` is a
+        replaced reason) and reads again."""
+        if timeout is None:
+            timeout = float(self.opt.get("train_read_timeout_s", 0.05))
         if split and split < want and not kw.get("whole_groups"):
             kw = {k: v for k, v in kw.items() if k not in ("whole_groups", "group_size")}
             leases = self.store.get_split(self.task.name, want, split, min_rows=min_rows,
@@ -71,6 +73,7 @@ class StepReads:
                    zip(lease.rows, lease.columns.get("_version") or [None] * len(lease.rows))
                    if not self.accept.accepts(step, v)]
             if bad:
+                self.stale_reads += 1
                 now = time.time()
                 self.rec.span("DROP", len(bad), now, now, step=step)
                 self.remove_rows(bad, "staleness")
@@ -92,6 +95,29 @@ class StepReads:
         self.store.drop(rows, reason)
         self.control.note_drops(rows, reason)
         self.windows.note(rows, reason)
+
+    def read_ahead(self, op: Op, step: int) -> None:
+        """A streaming ``first_ready`` trainer has handed its device step ``step - 1``'s last
+        micro-batch: lease up to ``op.ahead`` rows of step ``step`` now, without waiting (the
+        device computes meanwhile, so the step boundary's store calls cost no device time);
+        :meth:`step_reads` of step ``step`` starts with them. Rows too stale for step ``step``
+        are dropped as by any read of it."""
+        if (not op.ahead or step >= self.st.steps or self.follows
+                or self.consume != "first_ready" or self.sync()):
+            return
+        spp = self.st.samples_per_prompt
+        want = max(spp, min(op.ahead, self.st.prompts_per_step * spp) // spp * spp)
+        got: list = []
+        for _ in range(4):  # a read that found only rows too stale (dropped) reads again
+            t, drops = time.time(), self.stale_reads
+            got = self.lease_step(want, step=step, min_rows=spp, whole_groups=True,
+                                  group_size=spp, lease_s=op.lease_s or None, timeout=0.0)
+            if got or self.stale_reads == drops:
+                break
+        for lease in got:
+            self.rec.span("READ", len(lease.rows), t, version=step, step=step)
+        if got:
+            self.ahead[step] = got
 
     def step_reads(self, op: Op, step: int, leases: list):
         """Lease step ``step``'s rows as they become ready, yielding each lease, or None after a
@@ -140,6 +166,10 @@ class StepReads:
         taken: list[int] = []
         if self.loop == "train" and self.consume == "first_ready":
             goal = pps * spp
+            for lease in self.ahead.pop(step, ()):  # read while the last step computed
+                taken.extend(lease.rows)
+                leases.append(lease)
+                yield lease
             while len(taken) < goal:
                 if self.sync():
                     raise Stop()
