@@ -95,7 +95,11 @@ tasks:
 SCHEDULING_TAIL = """A step launches `ceil(prompts_per_step * redundancy)` groups, with the largest redundancy
 among the rollouts on a model some train task updates (a rollout's `queue` requests are single
 samples: a group's samples are independent requests spread over the replicas). `first_ready` is
-ROLL Flash's sample buffer; with `max_staleness: 0` it takes what `in_order` takes.
+ROLL Flash's sample buffer; with `max_staleness: 0` it takes what `in_order` takes. A
+`first_ready` trainer with `stream: true` leases step n + 1's first micro-batch while its device
+computes step n's last one (the READ op's `ahead` rows in the plan), so the store calls between
+two steps cost no device time; those rows are held to step n + 1's staleness bound, as any of
+its reads.
 
 `asyncflow compile FILE` shows each task's scheduling and the groups a step launches; the plan
 (`--json`) carries the keys with their defaults filled in (`tasks[].schedule`, `redundancy`,
