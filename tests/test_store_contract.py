@@ -250,6 +250,12 @@ def test_inputs_not_ready_are_not_eligible_until_written(store):
     lease = store.get("reward", 10)
     assert lease.rows == some and lease.columns["response"] == ["x", "y", "z"]
     assert store.pending("train") == 0  # train needs reward as well
+    # stats()'s ready counts are pending()'s, every task in one call (the driver's queue_depth)
+    store.write(rows[:2], {"response": ["a", "b"]})
+    ready = store.stats()["tasks"]
+    assert {t: ready[t]["ready"] for t in ("reward", "train")} == {
+        "reward": store.pending("reward"), "train": store.pending("train")} == {
+        "reward": 2, "train": 0}
 
 
 def test_max_row(store):

@@ -89,7 +89,10 @@ class StepBook:
         bubble = 1.0 - sum(util[p] * dev[p] for p in dev_pools) / total_dev if total_dev else None
         ex_roll = sum(max(exposed.get(w, 0.0) - last["exposed"].get(w, 0.0), 0.0) for w in exposed)
         exposed_s = sum(r.get("publish_s", 0.0) for r in reps.values()) + ex_roll
-        queue = {t.name: store.pending(t.name) for t in plan.tasks}
+        # every task's ready rows from one stats call (one round trip to each shard on Ray,
+        # not one per task): what store.pending(task) says, for all tasks at once
+        ready = store.stats()["tasks"]
+        queue = {t.name: int(ready[t.name]["ready"]) for t in plan.tasks}
         n_drop = sum(v for k, v in drops.items() if k not in ("filter", "redundant"))
         stats = c.get("stats") or {}
         sync_bytes = sum(int(v.get("sync_bytes", 0)) for v in stats.values())
