@@ -3,7 +3,9 @@
 :class:`Worker` is the real-time host of the loops of :mod:`asyncflow.runtime.loops` (written
 once, for it and for the simulator): a thread of the local backend or of a Ray actor. It adds
 what only a real run has: the engine's start, the control plane's ``sync``, the heartbeat that
-renews leases and reports liveness, injected faults, and where it ran.
+renews leases and reports liveness, injected faults, and where it ran (a thread or a Ray
+actor's, :mod:`asyncflow.runtime.hosts`; on Ray a trainer's publish notice, step ack and report
+go out on a courier thread, :mod:`asyncflow.runtime.courier`).
 
 The compiled plan is the program. A worker walks its ``WorkerPlan.ops`` -- WAIT, ADOPT, READ,
 COMPUTE, WRITE, PUBLISH -- and calls each op's handler from one dispatch table
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import socket
 import sys
 import threading
@@ -57,6 +58,7 @@ from asyncflow.refs import accepted, resolve
 from asyncflow.runtime import checkpoint, devices
 from asyncflow.runtime.contract import TaskError
 from asyncflow.runtime.evaluate import Evaluator
+from asyncflow.runtime.hosts import RayHost, ThreadHost
 from asyncflow.runtime.loops import Loop
 from asyncflow.runtime.signals import Crash, Stop
 from asyncflow.runtime.tasks import runner_for
@@ -123,38 +125,6 @@ def cpu_report(cpu: dict[str, float]) -> dict[str, float]:
     return {op: v for op, v in ((op, round(s, 6)) for op, s in sorted(cpu.items())) if v > 0}
 
 
-class ThreadHost:
-    """Where a worker runs: a thread of the driver's process (the local backend)."""
-
-    ray = False
-
-    def node(self) -> dict:
-        return {}
-
-    def die(self) -> None:
-        """An injected kill: the thread dies as a killed worker (``Worker.kill``)."""
-        raise Crash()
-
-
-class RayHost(ThreadHost):
-    """A thread of a Ray actor's process (the ray backend)."""
-
-    ray = True
-
-    def node(self) -> dict:
-        try:
-            import ray  # noqa: PLC0415 (this module imports no Ray on the local backend)
-
-            return {"node": ray.get_runtime_context().get_node_id()}
-        except Exception as e:  # workers.json goes without the node id, said once here
-            _log(f"the Ray node id is unknown ({e.__class__.__name__}: {e})")
-            return {}
-
-    def die(self) -> None:
-        """An injected kill: the process dies (SIGKILL), acking nothing."""
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class Worker(Loop):
     """The loop of one task replica, in real time; ``run()`` returns a summary dict when the
     run stops."""
@@ -185,6 +155,11 @@ class Worker(Loop):
         self.heartbeat_s = float(self.opt.get("heartbeat_s", 1.0))
         self.stack_after_s = float(self.opt.get("stack_after_s", 5.0))
         self.faults = [f for f in self.opt.get("inject") or () if f.get("kind") in WORKER_FAULTS]
+        # on Ray a trainer's publish notice, step ack and report (Loop.send) go out in order on
+        # a thread of their own (asyncflow.runtime.courier): the next step does not wait for them
+        self.courier = self.host.courier(worker_id) if self.loop == "train" else None
+        if self.courier is not None:
+            self.send = self.courier.send
 
     # ------------------------------------------------------------------ control plane
     def kill(self) -> None:
@@ -200,6 +175,8 @@ class Worker(Loop):
         them up) and of removed rows. ``wait_s``: wait up to that long for a newer version if
         there is none (a gated worker's WAIT). Returns True when the run is stopping."""
         self.check()
+        if self.courier is not None:
+            self.courier.check()
         now = time.time()
         if not force and not wait_s and now - self._last_sync < self.sync_every:
             return self.stopped
@@ -254,6 +231,8 @@ class Worker(Loop):
         try:
             self._start()
             self.run_loop()
+            if self.courier is not None:  # the last step's calls are out (a failure: below)
+                self.courier.drain()
             status = "stopped"
         except Crash:
             return self._final("crashed")
@@ -268,6 +247,8 @@ class Worker(Loop):
             self._fail(f"{e.__class__.__name__}: {e}", traceback.format_exc())
             return self._final("failed", error=str(e))
         try:
+            if self.courier is not None:
+                self.courier.drain()
             self.rec.occupancy(0.0)
             self.sync(force=True)
         except Crash:
@@ -487,4 +468,5 @@ class Worker(Loop):
         return self.publisher
 
     def publish_version(self, model: str, version: int) -> float:
-        return self._publisher().publish(model, version, self.control.publish)
+        return self._publisher().publish(
+            model, version, lambda *a: self.send(self.control.publish, *a))

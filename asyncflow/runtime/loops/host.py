@@ -21,6 +21,10 @@ class Host(Protocol):
     def check(self) -> None:
         """Raise ``Crash`` when the worker was killed."""
 
+    def send(self, fn, *args) -> None:
+        """Make the call ``fn(*args)``, whose answer the loop does not need (a train step's ack
+        and report), now or in order later (the Ray host's courier)."""
+
     def enter(self, op: str) -> None:
         """Liveness: the loop enters op ``op``."""
 

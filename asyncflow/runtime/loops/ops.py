@@ -178,7 +178,7 @@ class OpHandlers:
             self.unhold(lid)
         if ids:
             self.progress += len(ids)
-            self.store.ack_many(ids)
+            self.send(self.store.ack_many, ids)
 
     def staleness_of(self, step: int, versions) -> list[int]:
         """Gate rule 4's record: the staleness of each row train step ``step`` consumed."""
@@ -203,7 +203,7 @@ class OpHandlers:
             # the last step, and each checkpoint: RUN_DIR/final holds the newest trained model
             # even of a run that is killed later
             exported = export.write_final(self.engine, run_dir, self.plan, self.task.name, step + 1)
-        self.control.report_step(self.task.name, {
+        self.send(self.control.report_step, self.task.name, {
             "replica": self.wp.replica, "checkpoint": ckpt, "export": exported, "step": step,
             "version": step + 1, "end": time.time(),
             "rows": rows, "staleness": self.staleness_of(step, versions),

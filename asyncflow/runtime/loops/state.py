@@ -146,6 +146,11 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         """Now, in seconds (the simulator's: virtual)."""
         return time.time()
 
+    def send(self, fn, *args) -> None:
+        """Make a call whose answer the loop does not need (a train step's ack and report):
+        at once here; the Ray host hands it to its courier (:mod:`asyncflow.runtime.courier`)."""
+        fn(*args)
+
     def check(self) -> None:
         """Raise :class:`~asyncflow.runtime.signals.Crash` when this worker was killed."""
 

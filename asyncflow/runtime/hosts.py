@@ -1,0 +1,58 @@
+"""Where a worker (:class:`asyncflow.runtime.worker.Worker`) runs, and what differs there: a
+thread of the driver's process (the local backend) or a thread of a Ray actor's process -- its
+node, how an injected kill kills it, and whether a trainer's calls that need no answer go out
+on a courier thread (:mod:`asyncflow.runtime.courier`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from asyncflow.runtime.courier import Courier
+from asyncflow.runtime.signals import Crash
+
+
+def _log(msg: str) -> None:
+    print(f"asyncflow: {msg}", file=sys.stderr)
+
+
+class ThreadHost:
+    """Where a worker runs: a thread of the driver's process (the local backend)."""
+
+    ray = False
+
+    def node(self) -> dict:
+        return {}
+
+    def die(self) -> None:
+        """An injected kill: the thread dies as a killed worker (``Worker.kill``)."""
+        raise Crash()
+
+    def courier(self, name: str) -> Courier | None:
+        """Where a trainer's calls that need no answer go (``Loop.send``): None, made at once
+        (a thread's calls to the in-process store and control take microseconds)."""
+        return None
+
+
+class RayHost(ThreadHost):
+    """A thread of a Ray actor's process (the ray backend)."""
+
+    ray = True
+
+    def node(self) -> dict:
+        try:
+            import ray  # noqa: PLC0415 (this module imports no Ray on the local backend)
+
+            return {"node": ray.get_runtime_context().get_node_id()}
+        except Exception as e:  # workers.json goes without the node id, said once here
+            _log(f"the Ray node id is unknown ({e.__class__.__name__}: {e})")
+            return {}
+
+    def die(self) -> None:
+        """An injected kill: the process dies (SIGKILL), acking nothing."""
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def courier(self, name: str) -> Courier | None:
+        """A courier thread: each actor call is a round trip of milliseconds."""
+        return Courier(name)
