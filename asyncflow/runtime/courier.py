@@ -2,11 +2,11 @@
 their own, so that the loop goes on at once.
 
 On Ray each actor call costs a round trip of 1.5-3 ms. At the end of a train step the loop
-acks the step's leases and reports the step; neither answer changes what it does next, and on a
-trainer-bound pipeline the device waits for both (benchmarks/README.md, "scheduling"). The
-courier makes them one after the other, in the order they were given (the ack before the
-report: the driver never hears of a step whose rows are not consumed yet), while the loop reads
-the next step.
+tells the control of the version it published, acks the step's leases and reports the step;
+no answer changes what it does next, and on a trainer-bound pipeline the device waited for all
+three (benchmarks/README.md, "scheduling"). The courier makes them one after the other, in the
+order they were given (the publish, the ack, the report: the driver never hears of a step whose
+rows are not consumed yet), while the loop reads the next step.
 
 Nothing is silent: a call that fails is raised again in the loop, at its next
 :meth:`Courier.check` (the worker's ``sync``), as the loop would have raised it itself; and

@@ -22,8 +22,8 @@ class Host(Protocol):
         """Raise ``Crash`` when the worker was killed."""
 
     def send(self, fn, *args) -> None:
-        """Make the call ``fn(*args)``, whose answer the loop does not need (a train step's ack
-        and report), now or in order later (the Ray host's courier)."""
+        """Make the call ``fn(*args)``, whose answer the loop does not need (a trainer's publish
+        notice, its step's ack and report), now or in order later (the Ray host's courier)."""
 
     def enter(self, op: str) -> None:
         """Liveness: the loop enters op ``op``."""

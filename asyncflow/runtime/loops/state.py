@@ -147,8 +147,9 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         return time.time()
 
     def send(self, fn, *args) -> None:
-        """Make a call whose answer the loop does not need (a train step's ack and report):
-        at once here; the Ray host hands it to its courier (:mod:`asyncflow.runtime.courier`)."""
+        """Make a call whose answer the loop does not need (a trainer's publish notice, its
+        step's ack and report): at once here; the Ray host hands it to its courier
+        (:mod:`asyncflow.runtime.courier`)."""
         fn(*args)
 
     def check(self) -> None:
