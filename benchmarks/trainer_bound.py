@@ -43,7 +43,10 @@ def _run(out: str, file: str, backend: str, sets: list[str], pythonpath: str | N
         env["PYTHONPATH"] = pythonpath
     cmd = [sys.executable, "-c", "from asyncflow.cli import main; main()", "run", file,
            "--out", out, "--force", "--backend", backend] + [a for s in sets for a in ("--set", s)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    # `python -c` puts the working directory ahead of PYTHONPATH: a baseline run starts in its
+    # own checkout, or it would import this one's asyncflow (as it did before this was fixed)
+    p = subprocess.run(cmd, env=env, cwd=pythonpath or None, capture_output=True, text=True,
+                       timeout=900)
     if p.returncode:
         raise SystemExit(f"run failed ({p.returncode}): {p.stdout[-2000:]}{p.stderr[-2000:]}")
     ms = [json.loads(x) for x in Path(out, "metrics.jsonl").read_text().splitlines() if x.strip()]
