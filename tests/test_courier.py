@@ -1,5 +1,6 @@
-"""The Ray host's courier (asyncflow/runtime/courier.py): a train step's ack and report go out
-in the order given, on a thread of their own; a failure is raised in the loop, never lost."""
+"""The Ray host's courier (asyncflow/runtime/courier.py): a trainer's publish notice, step ack and
+report go out in the order given, on a thread of their own; a failure is raised in the loop,
+never lost."""
 import threading
 import time
 
