@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 from asyncflow.runtime.courier import Courier
 from asyncflow.runtime.signals import Crash
-
-
-def _log(msg: str) -> None:
-    print(f"asyncflow: {msg}", file=sys.stderr)
 
 
 class ThreadHost:
@@ -23,6 +18,7 @@ class ThreadHost:
     ray = False
 
     def node(self) -> dict:
+        """What names this host's node (workers.json); raises when that is unknown."""
         return {}
 
     def die(self) -> None:
@@ -41,13 +37,9 @@ class RayHost(ThreadHost):
     ray = True
 
     def node(self) -> dict:
-        try:
-            import ray  # noqa: PLC0415 (this module imports no Ray on the local backend)
+        import ray  # noqa: PLC0415 (this module imports no Ray on the local backend)
 
-            return {"node": ray.get_runtime_context().get_node_id()}
-        except Exception as e:  # workers.json goes without the node id, said once here
-            _log(f"the Ray node id is unknown ({e.__class__.__name__}: {e})")
-            return {}
+        return {"node": ray.get_runtime_context().get_node_id()}
 
     def die(self) -> None:
         """An injected kill: the process dies (SIGKILL), acking nothing."""

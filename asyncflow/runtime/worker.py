@@ -370,8 +370,13 @@ class Worker(Loop):
     def _where(self) -> dict:
         """Where this worker ran: host, pid, Ray node id (ray backend), its process's niceness
         (a Ray worker's: asyncflow.runtime.ray_connect.NICENESS), pinned CPU cores."""
+        try:
+            node = self.host.node()
+        except Exception as e:  # workers.json goes without the node id, said once here
+            _log(f"the Ray node id is unknown ({e.__class__.__name__}: {e})")
+            node = {}
         out: dict = {"task": self.task.name, "pool": self.wp.pool, "host": socket.gethostname(),
-                     "pid": os.getpid(), **self.host.node()}
+                     "pid": os.getpid(), **node}
         if hasattr(os, "nice"):
             out["nice"] = os.nice(0)
         if self.opt.get("cpu_affinity") and hasattr(os, "sched_getaffinity"):

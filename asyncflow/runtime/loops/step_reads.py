@@ -96,6 +96,14 @@ class StepReads:
         self.control.note_drops(rows, reason)
         self.windows.note(rows, reason)
 
+    def lease_groups(self, op: Op, rows: int, left: int, step: int, **kw) -> list:
+        """first_ready: one read of whole groups for step ``step``, up to ``rows`` rows and the
+        ``left`` the step still needs, at least one group (:meth:`lease_step`)."""
+        spp = self.st.samples_per_prompt
+        return self.lease_step(max(spp, min(rows, left) // spp * spp), step=step, min_rows=spp,
+                               whole_groups=True, group_size=spp, lease_s=op.lease_s or None,
+                               **kw)
+
     def read_ahead(self, op: Op, step: int) -> None:
         """A streaming ``first_ready`` trainer has handed its device step ``step - 1``'s last
         micro-batch: lease up to ``op.ahead`` rows of step ``step`` now, without waiting (the
@@ -105,13 +113,11 @@ class StepReads:
         if (not op.ahead or step >= self.st.steps or self.follows
                 or self.consume != "first_ready" or self.sync()):
             return
-        spp = self.st.samples_per_prompt
-        want = max(spp, min(op.ahead, self.st.prompts_per_step * spp) // spp * spp)
+        goal = self.st.prompts_per_step * self.st.samples_per_prompt
         got: list = []
         for _ in range(4):  # a read that found only rows too stale (dropped) reads again
             t, drops = time.time(), self.stale_reads
-            got = self.lease_step(want, step=step, min_rows=spp, whole_groups=True,
-                                  group_size=spp, lease_s=op.lease_s or None, timeout=0.0)
+            got = self.lease_groups(op, op.ahead, goal, step, timeout=0.0)
             if got or self.stale_reads == drops:
                 break
         for lease in got:
@@ -173,9 +179,7 @@ class StepReads:
             while len(taken) < goal:
                 if self.sync():
                     raise Stop()
-                want = max(spp, min(op.rows, goal - len(taken)) // spp * spp)
-                got_ = self.lease_step(want, step=step, min_rows=spp, whole_groups=True,
-                                        group_size=spp, lease_s=lease_s)
+                got_ = self.lease_groups(op, op.rows, goal - len(taken), step)
                 for lease in got_:
                     taken.extend(lease.rows)
                     yield got(lease)
