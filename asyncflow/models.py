@@ -17,6 +17,7 @@ member                 meaning
 ``eos_id``             id that ends a response
 ``vocab_size``         number of ids
 ``save(dir)``          writes files ``transformers.AutoTokenizer.from_pretrained(dir)`` loads
+``spell(ids)``         optional: ``str`` the ids spell, special tokens kept (the round trip below)
 =====================  ==========================================================================
 
 Prompts (as TRL treats conversational data): a list of ``{role, content}`` messages is rendered
@@ -24,7 +25,10 @@ with the tokenizer's chat template and the generation prompt, then encoded witho
 special tokens again (the template writes its own BOS: never a doubled one); any other value is
 a string used as is, encoded with the tokenizer's own special-token rules (the character
 tokenizer prepends ``<bos>``). Responses end at ``eos`` and are decoded without special tokens.
-A chat prompt for a tokenizer without a template is AF651.
+A chat prompt for a tokenizer without a template is AF651. A prompt whose characters the
+tokenizer cannot encode (a byte-level BPE trained without the full byte alphabet, a vocabulary
+without ``[``) is AF655: :func:`check_round_trip` spells the ids back and names what was lost,
+where the silent alternative is a model that reads ``use`` for ``[user]``.
 
 Loading is serialized process-wide (:data:`LOAD_LOCK`): colocated workers of one process build
 or read models at once, and transformers' lazy imports and torch's seeded draws must not
@@ -77,6 +81,37 @@ def encode_prompt(tokenizer, prompt) -> tuple[list[int], str]:
     text = str(prompt)
     bos = getattr(tokenizer, "bos_id", None)
     return ([bos] if bos is not None else []) + list(tokenizer.encode(text)), text
+
+
+def lost_spans(text: str, back: str) -> list[tuple[str, str]]:
+    """``(was, became)`` for each span of ``text`` that ``back`` (its ids spelled back) lost or
+    changed; a change of white space only is not a loss (tokenizers normalise spaces)."""
+    import difflib
+
+    ops = difflib.SequenceMatcher(None, text, back, autojunk=False).get_opcodes()
+    return [(text[i1:i2], back[j1:j2]) for op, i1, i2, j1, j2 in ops
+            if op in ("delete", "replace") and text[i1:i2].strip()]
+
+
+def round_trip_error(text: str, back: str) -> PromptError | None:
+    """AF655 when spelling a prompt's ids back (``back``) loses characters of ``text``."""
+    spans = lost_spans(text, back)
+    if not spans:
+        return None
+    chars = sorted({c for was, _ in spans for c in was if not c.isspace()})
+    return PromptError("AF655", chars=", ".join(repr(c) for c in chars[:12])
+                       + (f" (+{len(chars) - 12} more)" if len(chars) > 12 else ""),
+                       text=_show(text), back=_show(back))
+
+
+def check_round_trip(tokenizer, ids, text: str) -> None:
+    """Raise AF655 when ``ids`` (``text`` encoded) do not spell ``text`` back: characters the
+    tokenizer cannot encode. A tokenizer without ``spell`` is not checked."""
+    spell = getattr(tokenizer, "spell", None)
+    if spell is not None:
+        e = round_trip_error(text, spell(list(ids)))
+        if e is not None:
+            raise e
 
 
 def _check_prompt(prompt) -> None:
@@ -141,6 +176,8 @@ class CharTokenizer:
                 out.append(self._to_char[i])
         return "".join(out)
 
+    spell = decode  # an unknown character spells "?": the round trip finds it
+
     def encode_prompt(self, prompt) -> tuple[list[int], str]:
         _check_prompt(prompt)
         if is_chat(prompt):
@@ -201,6 +238,10 @@ class HFTokenizer:
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def spell(self, ids) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False,
+                               clean_up_tokenization_spaces=False)
 
     def encode_prompt(self, prompt) -> tuple[list[int], str]:
         _check_prompt(prompt)
@@ -360,7 +401,7 @@ def save(loaded: Loaded, directory: str) -> None:
 # -- what engines call: errors located at the model's init or the task -----------------------------
 def located(spec, e: SourceError | PromptError):
     """A :class:`~asyncflow.errors.TaskError` for an engine's model or prompt error,
-    located at the model's ``init`` (AF650, AF651) or the task (AF652)."""
+    located at the model's ``init`` (AF650, AF651, AF655) or the task (AF652)."""
     from types import SimpleNamespace
 
     from asyncflow.errors import TaskError
@@ -380,10 +421,14 @@ def engine_load(spec) -> Loaded:
         raise located(spec, e) from None
 
 
-def engine_prompt(spec, tokenizer, prompt) -> tuple[list[int], str]:
-    """:func:`encode_prompt` for an engine: AF651/AF652 located."""
+def engine_prompt(spec, tokenizer, prompt, round_trip: bool = False) -> tuple[list[int], str]:
+    """:func:`encode_prompt` for an engine: AF651/AF652 located; with ``round_trip`` (the
+    start-up check of the data's first prompt) also AF655, characters the tokenizer loses."""
     try:
-        return encode_prompt(tokenizer, prompt)
+        ids, text = encode_prompt(tokenizer, prompt)
+        if round_trip:
+            check_round_trip(tokenizer, ids, text)
+        return ids, text
     except PromptError as e:
         raise located(spec, e) from None
 

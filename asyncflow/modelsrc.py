@@ -201,5 +201,59 @@ def has_chat_template(directory: str) -> bool | None:
     return None
 
 
-__all__ = ["Source", "SourceError", "locate", "fetch", "is_chat", "has_chat_template", "DTYPES",
+def _chat_template(d: Path) -> str | None:
+    """The default chat template saved in ``d``: ``chat_template.jinja``, ``chat_template.json``
+    or ``tokenizer_config.json``'s ``chat_template`` (a string, or named templates: "default")."""
+    if (d / "chat_template.jinja").is_file():
+        return (d / "chat_template.jinja").read_text()
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        if (d / name).is_file():
+            t = json.loads((d / name).read_text()).get("chat_template")
+            if isinstance(t, list):
+                t = next((x.get("template") for x in t if x.get("name") == "default"), None)
+            if isinstance(t, str) and t:
+                return t
+    return None
+
+
+def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
+    """``(text, back)``: a prompt value as the tokenizer saved in ``directory`` sees it (a chat
+    rendered with its template and the generation prompt, a string as is) and that text encoded
+    and decoded again, special tokens kept -- where they differ, the tokenizer cannot encode a
+    character (``check``'s AF348). Reads files with ``tokenizers`` and ``jinja2`` (the hf extra),
+    never transformers; None when it cannot tell (no ``tokenizer.json``, the libraries missing,
+    a template only transformers renders): the run checks the same at start-up (AF655) with the
+    engine's own tokenizer."""
+    d = Path(directory)
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        cfg = json.loads((d / "tokenizer_config.json").read_text()) \
+            if (d / "tokenizer_config.json").is_file() else {}
+        if is_chat(prompt):
+            from jinja2.ext import loopcontrols
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def fail(msg):
+                raise ValueError(msg)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=[loopcontrols])
+            env.globals["raise_exception"] = fail
+            special = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in cfg.items()
+                       if k.endswith("_token") and isinstance(v, (str, dict))}
+            text = env.from_string(_chat_template(d) or "").render(
+                messages=[dict(m) for m in prompt], add_generation_prompt=True, **special)
+            ids = tok.encode(text, add_special_tokens=False).ids
+        else:
+            text = str(prompt)
+            ids = tok.encode(text).ids
+        return text, tok.decode(ids, skip_special_tokens=False)
+    except Exception:  # noqa: BLE001 -- cannot tell here; start-up checks with transformers
+        return None
+
+
+__all__ = ["Source", "SourceError", "locate", "fetch", "is_chat", "has_chat_template", "spell_back",
+           "DTYPES",
            "DEFAULT_DTYPE", "KINDS", "HUB_ID", "cached_snapshot", "cache_dir", "hf_home", "offline"]

@@ -174,3 +174,62 @@ def test_chat_data_for_a_factory_model_without_a_template_stops_at_start_up(tmp_
     assert "pipeline.yaml:3:17: AF651" in out and "Traceback" not in out, out[-3000:]
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or not metrics.read_text().strip()
+
+
+@pytest.mark.engine
+def test_check_renders_as_transformers_and_finds_characters_the_tokenizer_cannot_encode(tmp_path):
+    """``check`` spells the first prompt back through the tokenizer's files (tokenizers and
+    jinja2, no transformers): the text is what transformers' chat template renders, and a
+    tokenizer trained without the byte alphabet, which would turn "[user]" into "use" and drop
+    "W" from the prompts, is AF348 at the data field -- not a model that silently reads less."""
+    import tiny_hf
+    from transformers import AutoTokenizer
+
+    from asyncflow.modelsrc import spell_back
+
+    template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}[assistant] {% endif %}")
+    good = tiny_hf.model_dir(tmp_path / "proj" / "ckpt" / "good")
+    narrow = tiny_hf.model_dir(tmp_path / "proj" / "ckpt" / "tiny-chat", chat_template=template,
+                               texts=["what is 2+3? 5", "user assistant"] * 10, full_alphabet=False)
+    for d in (good, narrow):
+        text, _ = spell_back(str(d), MSGS)
+        assert text == AutoTokenizer.from_pretrained(str(d)).apply_chat_template(
+            MSGS, add_generation_prompt=True, tokenize=False)
+    assert spell_back(str(good), MSGS)[1] == spell_back(str(good), MSGS)[0]
+    (tmp_path / "proj" / "data").mkdir()
+    rows = [{"messages": [{"role": "user", "content": f"What is {a}+{a}?"}], "gold": str(2 * a)}
+            for a in range(1, 9)]
+    (tmp_path / "proj" / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "proj" / "pipeline.yaml").write_text(PIPE)
+    (tmp_path / "proj" / "grader.py").write_text(GRADER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "check", "pipeline.yaml"],
+                       cwd=tmp_path / "proj", env=env, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "pipeline.yaml:6:46: AF348" in out, out
+    assert "'1', 'W', '[', ']'" in out and "Traceback" not in out, out
+
+
+@pytest.mark.engine
+def test_a_factory_tokenizer_that_cannot_encode_the_prompt_stops_the_run_at_start_up(tmp_path):
+    """``check`` cannot read a module:factory model's tokenizer: the engine spells the data's
+    first prompt back at start-up, and a character the character tokenizer lacks ("é") is
+    AF655 at the model's init before any step."""
+    rows = [{"question": f"Combien font {a}+{a}? Réponds.", "gold": str(2 * a)}
+            for a in range(1, 9)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pipe = (PIPE.replace("{init: ckpt/tiny-chat}", "{init: asyncflow.models:tiny_decoder}")
+            .replace("data/train.jsonl, fields: [messages, gold]", "train.jsonl, fields: [question, gold]")
+            .replace("[messages", "[question"))
+    (tmp_path / "pipeline.yaml").write_text(pipe)
+    (tmp_path / "grader.py").write_text("def grade(question, gold, completion):\n    return 0.0\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "run", "pipeline.yaml", "--backend",
+                        "local", "--out", str(tmp_path / "run")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "pipeline.yaml:3:17: AF655" in out, out[-3000:]
+    assert "'é'" in out and "Traceback" not in out, out[-3000:]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text().strip()

@@ -429,6 +429,13 @@ def a_prompt_neither_text_nor_messages(tmp_path, monkeypatch):
     models.engine_prompt(_spec(), models.CharTokenizer(), {"a": 1})
 
 
+@example("AF655")
+def a_prompt_with_characters_the_tokenizer_cannot_encode(tmp_path, monkeypatch):
+    from asyncflow import models
+
+    models.engine_prompt(_spec(), models.CharTokenizer(), "What is 2+3? é", round_trip=True)
+
+
 @example("AF653")
 def an_adapter_the_model_cannot_take(tmp_path, monkeypatch):
     pytest.importorskip("peft")

@@ -13,16 +13,19 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|system|>", "<|assist
 TEXTS = ["What is 2+3? 5", "What is 4+4? 8", "Answer with a number.", "hello world"] * 20
 
 
-def bpe_tokenizer(chat_template: str | None = CHAT_TEMPLATE):
-    """A byte-level BPE tokenizer whose post-processor prepends <s> (the tokenizer's own rule)."""
+def bpe_tokenizer(chat_template: str | None = CHAT_TEMPLATE, texts=TEXTS, full_alphabet: bool = True):
+    """A byte-level BPE tokenizer whose post-processor prepends <s> (the tokenizer's own rule).
+    ``full_alphabet=False`` trains it on ``texts`` alone, so a character they lack cannot be
+    encoded at all (a user's mistake the round-trip checks, AF348/AF655, catch)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if full_alphabet else []
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=SPECIALS, initial_alphabet=alphabet))
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
@@ -32,14 +35,15 @@ def bpe_tokenizer(chat_template: str | None = CHAT_TEMPLATE):
     return fast
 
 
-def model_dir(path: Path, chat_template: str | None = CHAT_TEMPLATE, dtype: str = "float32") -> Path:
+def model_dir(path: Path, chat_template: str | None = CHAT_TEMPLATE, dtype: str = "float32",
+              **tokenizer) -> Path:
     """A Hugging Face checkpoint directory: a tiny Qwen2 (asyncflow.models.tiny_decoder sized to
     the tokenizer) and the tokenizer, saved with save_pretrained."""
     import torch
 
     from asyncflow.models import tiny_decoder
 
-    tok = bpe_tokenizer(chat_template)
+    tok = bpe_tokenizer(chat_template, **tokenizer)
     model, _ = tiny_decoder(layers=1, hidden=32, heads=2, vocab=len(tok), max_len=256)
     model.config.bos_token_id = tok.bos_token_id
     model.config.eos_token_id = tok.eos_token_id

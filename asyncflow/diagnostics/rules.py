@@ -177,6 +177,13 @@ CODES = [
                  f'init: "{_FIXTURES / "no_template_model"}"'),
                 ("source: asyncflow.datasets:digits\n    args: {n: 100, seed: 0}",
                  f'source: "{_FIXTURES / "chat_prompts.jsonl"}"'), at="prompt, answer]"),)),
+    Code("AF348", "prompt-loses-characters",
+         "field '{field}' of data source '{source}': the tokenizer of model '{model}' ({path}) "
+         "cannot encode {chars} of the first row's prompt: the model would read {back} for {text}",
+         (_edit(("init: asyncflow.models:tiny_decoder\n    args: {layers: 2, hidden: 64}",
+                 f'init: "{_FIXTURES / "narrow_tokenizer_model"}"'),
+                ("source: asyncflow.datasets:digits\n    args: {n: 100, seed: 0}",
+                 f'source: "{_FIXTURES / "chat_prompts.jsonl"}"'), at="prompt, answer]"),)),
     Code("AF347", "init-is-a-file",
          "model '{model}': init '{value}' is a file ({path}); a model is a directory (a Hugging "
          "Face checkpoint: config.json, weights, tokenizer files), a hub id or a \"module:factory\"",

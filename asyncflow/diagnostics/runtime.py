@@ -80,6 +80,11 @@ CODES = [
     Code("AF652", "bad-prompt",
          "task '{task}': a prompt must be a string or a list of {{role, content}} messages, "
          "not {got}"),
+    Code("AF655", "prompt-loses-characters-run",
+         "task '{task}': the tokenizer of model '{model}' cannot encode {chars} of the data's "
+         "first prompt: the model would read {back} for {text}; train the tokenizer on those "
+         "characters (a byte-level BPE: initial_alphabet=pre_tokenizers.ByteLevel.alphabet()) "
+         "or keep them out of the data and the chat template"),
     Code("AF653", "lora-unusable",
          "model '{model}': its LoRA adapter cannot be put on the model: {reason} (the model's "
          "linear layers: {linear})"),

@@ -21,7 +21,7 @@ def check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
     """Where the model comes from, by the rule ``compile`` and ``run`` use
     (:func:`asyncflow.modelsrc.locate`: module:factory, a directory beside the pipeline or in
     the CWD, a hub id in the Hugging Face cache): AF340-AF342, AF344, AF345, AF347; then chat
-    prompts its tokenizer cannot render (AF346)."""
+    prompts its tokenizer cannot render (AF346) and prompts it cannot encode (AF348)."""
     from asyncflow.modelsrc import SourceError, locate
 
     v = m.init
@@ -35,17 +35,19 @@ def check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
         d.add(e.code, loc, **{"model": m.name, "value": v, **e.fields})
         return
     if src.path:
-        _check_chat_template(p, m, src.path, d)
+        _check_prompts(p, m, src.path, d)
 
 
-def _check_chat_template(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnostics) -> None:
-    """AF346: a rollout on model ``m`` (or a copy of it) whose prompt field holds chat messages
-    in the first row of a .jsonl/.json data file, while the tokenizer saved in ``directory`` has
-    no chat template. Reads files only (no torch, no transformers)."""
-    from asyncflow.modelsrc import has_chat_template
+def _check_prompts(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnostics) -> None:
+    """The first row of a .jsonl/.json data file, for each rollout on model ``m`` (or a copy of
+    it) that reads a prompt field of it: AF346 when the field holds chat messages and the
+    tokenizer saved in ``directory`` has no chat template; AF348 when the tokenizer cannot
+    encode characters of the prompt as the model would see it
+    (:func:`asyncflow.modelsrc.spell_back`). Reads files only (no torch, no transformers)."""
+    from asyncflow.models import round_trip_error
+    from asyncflow.modelsrc import has_chat_template, spell_back
 
-    if has_chat_template(directory) is not False:
-        return
+    no_template = has_chat_template(directory) is False
 
     def base(name: str | None) -> str | None:
         seen = set()
@@ -59,11 +61,22 @@ def _check_chat_template(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Di
     for src in p.data.values():
         row = _first_row(p, src) if set(src.fields or ()) & prompts else None
         for i, f in enumerate(src.fields or ()):
-            if f in prompts and row is not None and is_chat(row.get(f)):
+            if f not in prompts or row is None or row.get(f) is None:
+                continue
+            if no_template and is_chat(row[f]):
                 d.add("AF346", _at(src, f"fields.{i}"),
                       "give the tokenizer a chat template (tokenizer.chat_template = ...; "
                       "tokenizer.save_pretrained(dir)), or store the prompts as strings",
                       field=f, source=src.name, model=m.name, path=directory)
+                continue
+            seen = spell_back(directory, row[f])
+            e = round_trip_error(*seen) if seen else None
+            if e is not None:
+                d.add("AF348", _at(src, f"fields.{i}"),
+                      "train the tokenizer on those characters (a byte-level BPE: "
+                      "initial_alphabet=pre_tokenizers.ByteLevel.alphabet()), or keep them out of "
+                      "the data and the chat template",
+                      field=f, source=src.name, model=m.name, path=directory, **e.fields)
 
 
 def _first_row(p: ast.Pipeline, src: ast.DataDef) -> dict | None:

@@ -212,12 +212,12 @@ class Driver:
                 time.sleep(self.poll_s)
 
     def _prompts(self) -> list[dict]:
-        """The training prompts; the first row's non-text values (chat messages) go to every
-        engine, which encodes its prompt once at start-up, so a chat its tokenizer cannot render
-        stops the run before step 0 (AF651)."""
+        """The training prompts; the first row's text and chat values go to every engine, which
+        encodes its prompt once at start-up, so a chat its tokenizer cannot render (AF651) or
+        characters it cannot encode (AF655) stop the run before step 0."""
         prompts = load_prompts(self.plan, self.options["search_path"])
         self.options["chat_sample"] = {f: v for f, v in prompts[0].items()
-                                       if isinstance(v, (list, dict))} if prompts else {}
+                                       if isinstance(v, (str, list, dict))} if prompts else {}
         return prompts
 
     def _resume(self) -> dict | None:
