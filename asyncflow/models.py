@@ -25,7 +25,8 @@ with the tokenizer's chat template and the generation prompt, then encoded witho
 special tokens again (the template writes its own BOS: never a doubled one); any other value is
 a string used as is, encoded with the tokenizer's own special-token rules (the character
 tokenizer prepends ``<bos>``). Responses end at ``eos`` and are decoded without special tokens.
-A chat prompt for a tokenizer without a template is AF651. A prompt whose characters the
+A chat prompt for a tokenizer without a template is AF651, one its template refuses (its
+``raise_exception``: "System role not supported") AF656. A prompt whose characters the
 tokenizer cannot encode (a byte-level BPE trained without the full byte alphabet, a vocabulary
 without ``[``) is AF655: :func:`check_round_trip` spells the ids back and names what was lost,
 where the silent alternative is a model that reads ``use`` for ``[user]``.
@@ -249,8 +250,14 @@ class HFTokenizer:
             if not self.chat_template:
                 raise PromptError("AF651", tokenizer=f"{type(self.tok).__name__} "
                                   f"({getattr(self.tok, 'name_or_path', '') or 'no path'})")
-            text = self.tok.apply_chat_template([dict(m) for m in prompt], tokenize=False,
-                                                add_generation_prompt=True)
+            from jinja2 import TemplateError
+
+            try:
+                text = self.tok.apply_chat_template([dict(m) for m in prompt], tokenize=False,
+                                                    add_generation_prompt=True)
+            except TemplateError as e:  # the template's raise_exception, or its own bug
+                raise PromptError("AF656", reason=f"{type(e).__name__}: {e}",
+                                  got=_show(prompt)) from None
             return list(self.tok.encode(text, add_special_tokens=False)), text
         text = str(prompt)
         return list(self.tok.encode(text, add_special_tokens=True)), text
@@ -401,7 +408,7 @@ def save(loaded: Loaded, directory: str) -> None:
 # -- what engines call: errors located at the model's init or the task -----------------------------
 def located(spec, e: SourceError | PromptError):
     """A :class:`~asyncflow.errors.TaskError` for an engine's model or prompt error,
-    located at the model's ``init`` (AF650, AF651, AF655) or the task (AF652)."""
+    located at the model's ``init`` (AF650, AF651, AF655, AF656) or the task (AF652)."""
     from types import SimpleNamespace
 
     from asyncflow.errors import TaskError

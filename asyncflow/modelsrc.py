@@ -216,6 +216,10 @@ def _chat_template(d: Path) -> str | None:
     return None
 
 
+class TemplateRejects(Exception):
+    """A chat template's own ``raise_exception(message)`` refused a prompt."""
+
+
 def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
     """``(text, back)``: a prompt value as the tokenizer saved in ``directory`` sees it (a chat
     rendered with its template and the generation prompt, a string as is) and that text encoded
@@ -223,7 +227,8 @@ def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
     character (``check``'s AF348). Reads files with ``tokenizers`` and ``jinja2`` (the hf extra),
     never transformers; None when it cannot tell (no ``tokenizer.json``, the libraries missing,
     a template only transformers renders): the run checks the same at start-up (AF655) with the
-    engine's own tokenizer."""
+    engine's own tokenizer. Raises :class:`TemplateRejects` when the template's own
+    ``raise_exception`` refuses the chat (``check``'s AF349: e.g. "System role not supported")."""
     d = Path(directory)
     try:
         from tokenizers import Tokenizer
@@ -236,7 +241,7 @@ def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
             def fail(msg):
-                raise ValueError(msg)
+                raise TemplateRejects(str(msg))
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=[loopcontrols])
@@ -250,10 +255,13 @@ def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
             text = str(prompt)
             ids = tok.encode(text).ids
         return text, tok.decode(ids, skip_special_tokens=False)
+    except TemplateRejects:
+        raise
     except Exception:  # noqa: BLE001 -- cannot tell here; start-up checks with transformers
         return None
 
 
 __all__ = ["Source", "SourceError", "locate", "fetch", "is_chat", "has_chat_template", "spell_back",
+           "TemplateRejects",
            "DTYPES",
            "DEFAULT_DTYPE", "KINDS", "HUB_ID", "cached_snapshot", "cache_dir", "hf_home", "offline"]

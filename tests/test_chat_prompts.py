@@ -233,3 +233,36 @@ def test_a_factory_tokenizer_that_cannot_encode_the_prompt_stops_the_run_at_star
     assert "'é'" in out and "Traceback" not in out, out[-3000:]
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or not metrics.read_text().strip()
+
+
+@pytest.mark.engine
+def test_check_reads_a_parquet_first_row_and_finds_a_chat_the_template_refuses(tmp_path):
+    """A template that refuses system messages (its raise_exception, as Gemma's does) and
+    parquet chat data with a system message first: AF349 at ``check`` on the data field, with
+    the template's own words; the same prompt through the engine's tokenizer is AF656."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import tiny_hf
+
+    from asyncflow import models
+
+    strict = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+              "{{ raise_exception('System role not supported') }}{% endif %}"
+              "<|user|>{{ m['content'] }}<|end|>{% endfor %}")
+    tiny_hf.model_dir(tmp_path / "ckpt" / "tiny-chat", chat_template=strict)
+    (tmp_path / "data").mkdir()
+    rows = [{"messages": MSGS, "gold": "5"}] * 4
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data" / "train.parquet")
+    (tmp_path / "pipeline.yaml").write_text(PIPE.replace("train.jsonl", "train.parquet"))
+    (tmp_path / "grader.py").write_text(GRADER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "asyncflow.cli", "check", "pipeline.yaml"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "pipeline.yaml:6:48: AF349" in out, out
+    assert "System role not supported" in out and "Traceback" not in out, out
+    tok = models.from_directory(str(tmp_path / "ckpt" / "tiny-chat")).tokenizer
+    with pytest.raises(models.PromptError) as e:
+        tok.encode_prompt(MSGS)
+    assert e.value.code == "AF656" and "System role not supported" in e.value.fields["reason"]
+    assert tok.encode_prompt(MSGS[1:])[1].startswith("<s><|user|>What is 2+3?")

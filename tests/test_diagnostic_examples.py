@@ -436,6 +436,18 @@ def a_prompt_with_characters_the_tokenizer_cannot_encode(tmp_path, monkeypatch):
     models.engine_prompt(_spec(), models.CharTokenizer(), "What is 2+3? é", round_trip=True)
 
 
+@example("AF656")
+def a_chat_its_template_refuses(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from asyncflow import models
+
+    fixture = Path(__file__).resolve().parents[1] / "compiler_tests" / "fixtures"
+    tok = models.HFTokenizer(AutoTokenizer.from_pretrained(str(fixture / "strict_template_model")))
+    models.engine_prompt(_spec(), tok, CHAT)
+
+
 @example("AF653")
 def an_adapter_the_model_cannot_take(tmp_path, monkeypatch):
     pytest.importorskip("peft")

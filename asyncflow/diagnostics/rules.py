@@ -184,6 +184,13 @@ CODES = [
                  f'init: "{_FIXTURES / "narrow_tokenizer_model"}"'),
                 ("source: asyncflow.datasets:digits\n    args: {n: 100, seed: 0}",
                  f'source: "{_FIXTURES / "chat_prompts.jsonl"}"'), at="prompt, answer]"),)),
+    Code("AF349", "chat-template-rejects-prompt",
+         "field '{field}' of data source '{source}': the chat template of model '{model}' ({path}) "
+         "refuses the first row's messages: {why}",
+         (_edit(("init: asyncflow.models:tiny_decoder\n    args: {layers: 2, hidden: 64}",
+                 f'init: "{_FIXTURES / "strict_template_model"}"'),
+                ("source: asyncflow.datasets:digits\n    args: {n: 100, seed: 0}",
+                 f'source: "{_FIXTURES / "chat_prompts.jsonl"}"'), at="prompt, answer]"),)),
     Code("AF347", "init-is-a-file",
          "model '{model}': init '{value}' is a file ({path}); a model is a directory (a Hugging "
          "Face checkpoint: config.json, weights, tokenizer files), a hub id or a \"module:factory\"",

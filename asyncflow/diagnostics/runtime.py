@@ -85,6 +85,9 @@ CODES = [
          "first prompt: the model would read {back} for {text}; train the tokenizer on those "
          "characters (a byte-level BPE: initial_alphabet=pre_tokenizers.ByteLevel.alphabet()) "
          "or keep them out of the data and the chat template"),
+    Code("AF656", "chat-template-rejects-prompt-run",
+         "task '{task}': the chat template of model '{model}' cannot render a prompt: {reason} "
+         "(prompt: {got})"),
     Code("AF653", "lora-unusable",
          "model '{model}': its LoRA adapter cannot be put on the model: {reason} (the model's "
          "linear layers: {linear})"),

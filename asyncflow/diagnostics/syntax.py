@@ -44,7 +44,7 @@ CODES = [
          (Example('pipeline a "bad \\q escape"\n', at='"bad', suffix=".af"),)),
     Code("AF116", "af-unknown-statement",
          "'{word}' does not start a statement: a statement starts with pipeline, seed, model, "
-         "data, pool, step, task or sync",
+         "data, pool, step, task, sync or eval",
          (Example("pipeline a\nmodels policy = x:y\n", at="models", suffix=".af"),
           Example("pipeline a\ntask t: rollout(x) -> y engine=hf\n", at="engine", suffix=".af"))),
     Code("AF117", "af-colon-for-equals", "use '=' between a key and its value, not ':'",

@@ -45,7 +45,7 @@ def _check_prompts(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnost
     encode characters of the prompt as the model would see it
     (:func:`asyncflow.modelsrc.spell_back`). Reads files only (no torch, no transformers)."""
     from asyncflow.models import round_trip_error
-    from asyncflow.modelsrc import has_chat_template, spell_back
+    from asyncflow.modelsrc import TemplateRejects, has_chat_template, spell_back
 
     no_template = has_chat_template(directory) is False
 
@@ -69,7 +69,14 @@ def _check_prompts(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnost
                       "tokenizer.save_pretrained(dir)), or store the prompts as strings",
                       field=f, source=src.name, model=m.name, path=directory)
                 continue
-            seen = spell_back(directory, row[f])
+            try:
+                seen = spell_back(directory, row[f])
+            except TemplateRejects as why:
+                d.add("AF349", _at(src, f"fields.{i}"),
+                      "store the messages in a form the template accepts, or give the tokenizer "
+                      "a template that accepts them",
+                      field=f, source=src.name, model=m.name, path=directory, why=str(why))
+                continue
             e = round_trip_error(*seen) if seen else None
             if e is not None:
                 d.add("AF348", _at(src, f"fields.{i}"),
@@ -80,16 +87,25 @@ def _check_prompts(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnost
 
 
 def _first_row(p: ast.Pipeline, src: ast.DataDef) -> dict | None:
-    """The first row of a data source's .jsonl or .json file, or None when it cannot be read
-    cheaply (a factory, another format, a broken file: the data checks report those)."""
+    """The first row of a data source's .jsonl, .json or .parquet file (the last with pyarrow,
+    the data extra), or None when it cannot be read cheaply (a factory, another format, a
+    broken file: the data checks report those)."""
     import json
 
     v = src.source
-    if not isinstance(v, str) or not v.lower().endswith((".jsonl", ".json")):
+    if not isinstance(v, str) or not v.lower().endswith((".jsonl", ".json", ".parquet")):
         return None
     path = _find_file(p, v)
     if path is None or not path.is_file():
         return None
+    if v.lower().endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+
+            batch = next(pq.ParquetFile(str(path)).iter_batches(batch_size=1), None)
+            return batch.to_pylist()[0] if batch is not None and batch.num_rows else None
+        except Exception:  # noqa: BLE001 -- no pyarrow, or a file the data checks report
+            return None
     try:
         with open(path) as f:
             if v.lower().endswith(".jsonl"):
