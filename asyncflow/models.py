@@ -15,6 +15,7 @@ member                 meaning
 ``pad_id``             id used to pad batches (never a real token of a sample)
 ``bos_id``             the beginning-of-sequence id, or ``None``
 ``eos_id``             id that ends a response
+``stop_ids``           optional: every id that ends a response, ``eos_id`` first (:func:`stop_ids`)
 ``vocab_size``         number of ids
 ``save(dir)``          writes files ``transformers.AutoTokenizer.from_pretrained(dir)`` loads
 ``spell(ids)``         optional: ``str`` the ids spell, special tokens kept (the round trip below)
@@ -157,6 +158,7 @@ class CharTokenizer:
     VOCAB_SIZE = len(SPECIALS) + len(CHARS)
 
     pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+    stop_ids = (2,)
     chat_template = None
 
     def __init__(self):
@@ -226,6 +228,7 @@ class HFTokenizer:
     def __init__(self, tok):
         self.tok = tok
         self.eos_id = tok.eos_token_id
+        self.stop_ids = (self.eos_id,)  # and the model's own end ids (with_stops)
         self.bos_id = tok.bos_token_id
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.vocab_size = len(tok)
@@ -356,12 +359,39 @@ def _in_dtype(loaded: Loaded, dtype: str | None) -> Loaded:
 
 def load_source(src: Source, args: dict | None = None, paths: Sequence[str] = (),
                 dtype: str | None = None) -> Loaded:
-    """The model a resolved source names (:mod:`asyncflow.modelsrc`), in ``dtype``."""
+    """The model a resolved source names (:mod:`asyncflow.modelsrc`), in ``dtype``, its
+    tokenizer told the model's end ids (:func:`with_stops`)."""
     if src.kind == "factory":
-        return _in_dtype(_factory(src.ref, args, paths), dtype)
+        return with_stops(_in_dtype(_factory(src.ref, args, paths), dtype))
     from asyncflow.modelsrc import fetch
 
-    return from_directory(fetch(src), dtype)
+    return with_stops(from_directory(fetch(src), dtype))
+
+
+def stop_ids(tokenizer) -> tuple[int, ...]:
+    """The ids that end a response: the tokenizer's ``stop_ids``, else its ``eos_id``."""
+    return tuple(getattr(tokenizer, "stop_ids", None) or (tokenizer.eos_id,))
+
+
+def with_stops(loaded: Loaded) -> Loaded:
+    """The tokenizer's ``stop_ids``: its ``eos_id`` and the ids the model's generation config
+    ends on (``generation_config.json``'s ``eos_token_id``, one or a list). A chat model often
+    ends a turn with a token that is not its tokenizer's EOS (Qwen2.5's ``<|im_end|>`` where
+    the base tokenizer's is ``<|endoftext|>``, Llama 3's ``<|eot_id|>``); vLLM stops on them
+    by default, and so do the engines here: a response ends at the first, which it keeps in
+    its ids and leaves out of its text. A tokenizer that cannot take the attribute keeps
+    ``eos_id`` alone."""
+    model, tok = loaded
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    extra = [extra] if isinstance(extra, int) else list(extra or ())
+    size = getattr(tok, "vocab_size", None)
+    ids = [tok.eos_id] + [int(i) for i in extra
+                          if isinstance(i, int) and (size is None or 0 <= i < size)]
+    try:
+        tok.stop_ids = tuple(dict.fromkeys(i for i in ids if i is not None))
+    except (AttributeError, TypeError):
+        pass
+    return loaded
 
 
 def load(init: str, args: dict | None = None, paths: Sequence[str] = (),

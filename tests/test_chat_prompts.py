@@ -56,12 +56,12 @@ def test_char_tokenizer_prompts():
         assert e.value.code == code
 
 
-def _spec(model_dir_or_factory: str, kind: str = "rollout", **extra):
+def _spec(model_dir_or_factory: str, kind: str = "rollout", args=None, **extra):
     from asyncflow.engines.base import EngineSpec
 
     return EngineSpec(task="sampler", kind=kind, model={"name": "actor", "init": model_dir_or_factory,
                                                       "args": {}, "loc": "p.yaml:3:11"},
-                      args={"max_new_tokens": 4}, outputs=("response", "logprobs"),
+                      args={"max_new_tokens": 4, **(args or {})}, outputs=("response", "logprobs"),
                       extra={"task_loc": "p.yaml:9:3", **extra})
 
 
@@ -266,3 +266,53 @@ def test_check_reads_a_parquet_first_row_and_finds_a_chat_the_template_refuses(t
         tok.encode_prompt(MSGS)
     assert e.value.code == "AF656" and "System role not supported" in e.value.fields["reason"]
     assert tok.encode_prompt(MSGS[1:])[1].startswith("<s><|user|>What is 2+3?")
+
+
+@pytest.mark.engine
+def test_a_response_ends_at_the_models_own_end_ids_not_only_the_tokenizers_eos(tmp_path,
+                                                                               monkeypatch):
+    """A chat model's turn often ends with a token that is not its tokenizer's EOS (Qwen2.5's
+    <|im_end|>, Llama 3's <|eot_id|>), listed in generation_config.json's eos_token_id: the
+    tokenizer's stop_ids hold both, and a response ends at the first -- in both hf schedules
+    (batch and queue) -- keeping it in its ids and out of its text."""
+    import tiny_hf
+    import torch as th
+
+    from asyncflow.engines import hf_serve
+    from asyncflow.engines import torch_common as tc
+    from asyncflow.engines.hf import HFEngine
+
+    d = tiny_hf.model_dir(tmp_path / "m")
+    tok = tiny_hf.bpe_tokenizer()
+    eos, end = tok.eos_token_id, tok.convert_tokens_to_ids("<|end|>")
+    plain = tok.encode("h", add_special_tokens=False)[0]
+    cfg = json.loads((d / "generation_config.json").read_text())
+    (d / "generation_config.json").write_text(json.dumps({**cfg, "eos_token_id": [eos, end]}))
+    steps = []
+
+    def fake(logits, *a, **k):  # the first token is plain, every later one <|end|>
+        n = logits.shape[0]
+        steps.append(n)
+        t = th.full((n,), plain if len(steps) == 1 else end, dtype=th.long)
+        return t, th.zeros(n)
+
+    monkeypatch.setattr(tc, "sample", fake)
+    eng = HFEngine(_spec(str(d), args={"max_new_tokens": 6}))
+    assert eng.tokenizer.stop_ids == (eos, end)
+    out = eng.generate({"prompt": [MSGS, "What is 4+4?"]})
+    for r in out["response"]:
+        assert list(r.ids) == [plain, end] and str(r) == "h", (r.ids, str(r))
+    assert [len(x) for x in out["logprobs"]] == [2, 2] and len(steps) == 2  # stopped at <|end|>
+    monkeypatch.setattr(hf_serve, "sample_rows", lambda logits, *a, **k: (
+        th.full((logits.shape[0],), end, dtype=th.long), th.zeros(logits.shape[0])))
+    eng = HFEngine(_spec(str(d), args={"max_new_tokens": 6}))
+    got, fed = [], []
+
+    def pull(k):
+        if fed:
+            return None
+        fed.append(1)
+        return {"prompt": [MSGS], "_row": [0]}
+
+    eng.serve(pull, got.append)
+    assert [list(r["response"].ids) for r in got] == [[end]] and str(got[0]["response"]) == ""

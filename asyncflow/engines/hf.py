@@ -157,8 +157,8 @@ class HFEngine(HFTrainer, HFWeights):
         if not prompts:
             return {name: [] for name in out_names[:2]}
         tokens, logprobs = self._sample(prompts, batch.get("_row"))
-        eos = self.tokenizer.eos_id
-        responses = [Text(self.tokenizer.decode([t for t in ids if t != eos]), ids, prompt,
+        stops = set(models.stop_ids(self.tokenizer))
+        responses = [Text(self.tokenizer.decode([t for t in ids if t not in stops]), ids, prompt,
                           prompt_text=text)
                      for ids, (prompt, text) in zip(tokens, encoded)]
         return {out_names[0]: responses, out_names[1]: logprobs}
@@ -167,7 +167,8 @@ class HFEngine(HFTrainer, HFWeights):
     def _sample(self, prompts: list[list[int]], rows=None
                 ) -> tuple[list[list[int]], list[list[float]]]:
         """Continue each id list in ``prompts`` (one batch, KV cache, left padding): per row the
-        sampled ids (up to and including ``eos``, at most its length cap) and their log-probs.
+        sampled ids (up to and including the first stop id -- ``eos`` or another end id of the
+        model, :func:`asyncflow.models.stop_ids` -- at most its length cap) and their log-probs.
         A row's cap is :func:`.hf_serve.length_cap` of ``max_new_tokens`` for its key: its
         ``rows`` entry (the store's ``_row``; ``(_row, turn)`` for an agent turn, the key
         ``serve`` gives the same turn), else its position in this call. The loop ends when
@@ -179,7 +180,8 @@ class HFEngine(HFTrainer, HFWeights):
         caps = [hf_serve.length_cap(self.length_dist, k) for k in keys]
         dev = self.device  # sampling runs there: per token only one flag comes to the host
         cap_t = torch.tensor(caps, device=dev)
-        pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
+        pad, stops = self.tokenizer.pad_id, models.stop_ids(self.tokenizer)
+        stop_t = torch.tensor(stops, device=dev)
         ids, mask = tc.left_pad(prompts, pad)
         ids, mask = ids.to(dev), mask.to(dev)
         pos = tc.positions(mask)
@@ -195,7 +197,7 @@ class HFEngine(HFTrainer, HFWeights):
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             tokens = torch.cat([tokens, tok[:, None]], dim=1)
             logps = torch.cat([logps, lp[:, None]], dim=1)
-            done = done | (tok == eos) | (cap_t <= step + 1)
+            done = done | torch.isin(tok, stop_t) | (cap_t <= step + 1)
             if bool(done.all()):
                 break
             step_ids = tok[:, None]
@@ -205,7 +207,7 @@ class HFEngine(HFTrainer, HFWeights):
         tokens, logps = tokens.cpu(), logps.cpu()
         for i in range(n):
             row = tokens[i].tolist()[:caps[i]]
-            length = row.index(eos) + 1 if eos in row else len(row)
+            length = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
             out_ids.append(row[:length])
             out_lps.append(logps[i, :length].tolist())
         return out_ids, out_lps

@@ -176,6 +176,7 @@ class HFTurnServer(QueueServer):
     def __init__(self, engine, slots: int | None = None):
         self.engine = engine
         self.slots = max(1, int(slots if slots is not None else engine.slots))
+        self.stops = set(models.stop_ids(engine.tokenizer))  # a request ends at the first
         self.on_update = engine.spec.extra.get("on_update")
         self.length_dist = getattr(engine, "length_dist", None) or length_spec(
             engine.args.get("max_new_tokens", 16))
@@ -241,12 +242,12 @@ class HFTurnServer(QueueServer):
 
     def _take(self, reqs: list[_Request], tokens, logps) -> list[int]:
         """Append each request's new token; the indices of those now finished (emitted)."""
-        eos = self.engine.tokenizer.eos_id
+        stops = self.stops
         done = []
         for i, (r, t, lp) in enumerate(zip(reqs, tokens.tolist(), logps.tolist())):
             r.ids.append(int(t))
             r.logprobs.append(float(lp))
-            if t == eos or len(r.ids) >= r.cap:
+            if t in stops or len(r.ids) >= r.cap:
                 done.append(i)
                 self._keys.discard(r.key)
                 self.finished.append((r.key, r.ids, r.logprobs, r.version))
@@ -398,7 +399,7 @@ def serve(engine, pull: Callable[[int], Any], emit: Callable[[dict], Any],
             on_cancel=lambda rows: _count_cancelled(engine, rows))
     names = list(engine.spec.outputs) or ["response", "logprobs"]
     tok = engine.tokenizer
-    eos = tok.eos_id
+    stops = set(models.stop_ids(tok))
     server = server or HFTurnServer(engine)
     meta: dict[Any, tuple[Any, list[int], str]] = {}  # row -> (group, prompt ids, prompt text)
     served = unnamed = 0
@@ -435,7 +436,7 @@ def serve(engine, pull: Callable[[int], Any], emit: Callable[[dict], Any],
             row = {"_row": key, "_version": version}
             if group is not None:
                 row["_group"] = group
-            row[names[0]] = Text(tok.decode([t for t in ids if t != eos]), ids, prompt,
+            row[names[0]] = Text(tok.decode([t for t in ids if t not in stops]), ids, prompt,
                                  prompt_text=text)
             row[names[1]] = lps
             emit(row)

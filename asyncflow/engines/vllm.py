@@ -67,6 +67,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from asyncflow import models
 from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.engines.hf_serve import QueueServer
 from asyncflow.engines.vllm_setup import (adapter_config, bind_cpu_workers, check_head_size,
@@ -129,7 +130,6 @@ class VLLMEngine:
     def _start(self):
         import torch
 
-        from asyncflow import models
 
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
@@ -179,8 +179,6 @@ class VLLMEngine:
 
     def _prompt(self, prompt) -> tuple[list[int], str]:
         """(ids, text the model sees): :func:`asyncflow.models.model_prompt`."""
-        from asyncflow import models
-
         return models.model_prompt(self, prompt)
 
     def _params(self, row, max_tokens: int | None = None):
@@ -200,7 +198,7 @@ class VLLMEngine:
         return SamplingParams(
             n=1, temperature=0.0 if greedy else 1.0,  # T is applied in the model (docstring)
             top_p=1.0 if greedy else self.top_p, max_tokens=int(max_tokens), logprobs=0,
-            seed=seed, stop_token_ids=[self.tokenizer.eos_id], detokenize=False)
+            seed=seed, stop_token_ids=list(models.stop_ids(self.tokenizer)), detokenize=False)
 
     def generate(self, batch: Columns) -> Columns:
         """Sample one response per row of ``batch["prompt"]``: one ``LLM.generate`` call."""
@@ -226,12 +224,12 @@ class VLLMEngine:
                     "vLLM's process-wide state is gone: another vllm engine of this process was "
                     "closed or garbage-collected (engines of one process must live equally "
                     "long; see asyncflow.engines.vllm)") from e
-        eos = self.tokenizer.eos_id
+        stops = set(models.stop_ids(self.tokenizer))
         responses, logprobs = [], []
         for (prompt, text), out in zip(encoded, outs):
             sample = out.outputs[0]
             ids = list(sample.token_ids)
-            responses.append(Text(self.tokenizer.decode([t for t in ids if t != eos]), ids,
+            responses.append(Text(self.tokenizer.decode([t for t in ids if t not in stops]), ids,
                                   prompt, prompt_text=text))
             logprobs.append([float(step[t].logprob) for t, step in zip(ids, sample.logprobs)])
         return {out_names[0]: responses, out_names[1]: logprobs}
