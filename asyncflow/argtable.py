@@ -166,9 +166,15 @@ _LENGTH = Arg("max_new_tokens", "int|dist", 16, "response length cap (eos stops 
 _TOP_P = Arg("top_p", "num", 1.0, "nucleus sampling (does not change log-probs)", _R,
              min=0, strict=True, max=1)
 _TURNS = Arg("max_turns", "int", 16, "with env: agent turns at most per episode", _R, min=1)
+_PROMPT = (
+    Arg("max_prompt_tokens", "int", None, "the most tokens a prompt may have (default: the "
+        "model's positions less the longest max_new_tokens)", _R, min=1),
+    Arg("prompt_overflow", "choice", "error", "a longer prompt: error (AF657) or left (keep "
+        "its last max_prompt_tokens tokens, TRL's truncation)", _R, choices=("error", "left")),
+)
 
 HF_ARGS = (
-    _LENGTH, _TOP_P,
+    _LENGTH, _TOP_P, *_PROMPT,
     Arg("slots", "int", None, "schedule: queue: requests decoded at once (default: the step's "
         "samples, at least 32)", _R, min=1),
     _TURNS,
@@ -184,7 +190,7 @@ HF_ARGS = (
 )
 
 VLLM_ARGS = (
-    _LENGTH,
+    _LENGTH, *_PROMPT,
     Arg("temperature", "num", 1.0, "sampling temperature; <= 0 is greedy (log-probs at T = 1)",
         _R),
     _TOP_P,

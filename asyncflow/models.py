@@ -438,14 +438,15 @@ def save(loaded: Loaded, directory: str) -> None:
 # -- what engines call: errors located at the model's init or the task -----------------------------
 def located(spec, e: SourceError | PromptError):
     """A :class:`~asyncflow.errors.TaskError` for an engine's model or prompt error,
-    located at the model's ``init`` (AF650, AF651, AF655, AF656) or the task (AF652)."""
+    located at the model's ``init`` (AF650, AF651, AF655, AF656) or the task (AF652, AF657)."""
     from types import SimpleNamespace
 
     from asyncflow.errors import TaskError
 
     model = getattr(spec, "model", None) or {}
     extra = getattr(spec, "extra", None) or {}
-    loc = (model.get("loc") if e.code != "AF652" else None) or extra.get("task_loc") or ""
+    loc = (model.get("loc") if e.code not in ("AF652", "AF657") else None) \
+        or extra.get("task_loc") or ""
     at = SimpleNamespace(name=getattr(spec, "task", "?"), loc=loc)
     return TaskError(e.code, at, model=model.get("name", "?"), **e.fields)
 
@@ -470,11 +471,58 @@ def engine_prompt(spec, tokenizer, prompt, round_trip: bool = False) -> tuple[li
         raise located(spec, e) from None
 
 
+def positions(config) -> int | None:
+    """The longest sequence a model's config says it takes (``max_position_embeddings``, or
+    GPT-2's ``n_positions``), or None."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def prompt_limit(engine) -> tuple[int | None, str]:
+    """The most tokens a prompt of ``engine`` (a rollout) may have, and why: its
+    ``max_prompt_tokens`` arg, else the model's positions (``engine.max_positions``) less the
+    longest response ``max_new_tokens`` allows (a number, or a distribution's ``max``);
+    None when neither is known."""
+    args = getattr(engine, "args", None) or {}
+    if args.get("max_prompt_tokens"):
+        return int(args["max_prompt_tokens"]), "max_prompt_tokens"
+    total = getattr(engine, "max_positions", None)
+    dist = getattr(engine, "length_dist", None)
+    longest = None
+    if dist is not None:
+        longest = (dist.params.get("value") if dist.dist == "constant"
+                   else dist.params.get("max"))
+    if not total or longest is None:
+        return None, ""
+    return max(0, total - int(round(longest))), (
+        f"the model's {total} positions less max_new_tokens {int(round(longest))}")
+
+
+def fit_prompt(engine, ids: list[int], text: str) -> tuple[list[int], str]:
+    """A prompt within :func:`prompt_limit`: as it is; longer, its last tokens with
+    ``prompt_overflow: left`` (TRL's truncation; the text is what they spell), else AF657
+    located at the task -- not an index error deep in the model's position embeddings, nor
+    a response the model generates past its context."""
+    limit, why = prompt_limit(engine)
+    if limit is None or len(ids) <= limit:
+        return ids, text
+    args = getattr(engine, "args", None) or {}
+    if args.get("prompt_overflow") == "left" and limit > 0:
+        ids = list(ids[-limit:])
+        spell = getattr(engine.tokenizer, "spell", None)
+        return ids, spell(ids) if spell is not None else engine.tokenizer.decode(ids)
+    raise located(engine.spec, PromptError("AF657", n=len(ids), limit=limit, why=why,
+                                           got=_show(text)))
+
+
 def model_prompt(engine, prompt) -> tuple[list[int], str]:
     """``(ids, text the model sees)`` of a prompt for ``engine`` (its ``spec`` and
     ``tokenizer``): a :class:`~asyncflow.tokens.Text` that carries its ids (an earlier turn's
     output) as it is, anything else through :func:`engine_prompt` (a chat through the chat
-    template, a string as is)."""
+    template, a string as is) and :func:`fit_prompt` (its length)."""
     if isinstance(prompt, Text) and prompt.ids:
         return list(prompt.ids), str(prompt)
-    return engine_prompt(engine.spec, engine.tokenizer, prompt)
+    return fit_prompt(engine, *engine_prompt(engine.spec, engine.tokenizer, prompt))

@@ -316,3 +316,37 @@ def test_a_response_ends_at_the_models_own_end_ids_not_only_the_tokenizers_eos(t
 
     eng.serve(pull, got.append)
     assert [list(r["response"].ids) for r in got] == [[end]] and str(got[0]["response"]) == ""
+
+
+def test_a_prompt_longer_than_the_model_takes_is_af657_or_keeps_its_last_tokens():
+    """A rollout's prompt may have the model's positions less the longest response
+    (max_new_tokens: a number, or a distribution's max), or max_prompt_tokens: longer is AF657
+    at the task, or with prompt_overflow: left its last tokens (the text what they spell)."""
+    from types import SimpleNamespace
+
+    from asyncflow import models
+    from asyncflow.engines.hf_serve import length_spec
+    from asyncflow.runtime.contract import TaskError
+
+    def engine(positions=None, new=8, **args):
+        return SimpleNamespace(spec=_spec("asyncflow.models:tiny_decoder"), args=args,
+                               tokenizer=models.CharTokenizer(), max_positions=positions,
+                               length_dist=length_spec(new))
+
+    prompt = "What is 12+34?"  # <bos> + 14 characters: 15 ids
+    assert len(models.model_prompt(engine(23), prompt)[0]) == 15  # 23 - 8 = 15: fits
+    with pytest.raises(TaskError) as e:
+        models.model_prompt(engine(22), prompt)
+    assert e.value.code == "AF657" and e.value.loc == "p.yaml:9:3"
+    assert e.value.fields["n"] == 15 and e.value.fields["limit"] == 14
+    assert e.value.fields["why"] == "the model's 22 positions less max_new_tokens 8"
+    ids, text = models.model_prompt(engine(22, prompt_overflow="left"), prompt)
+    assert len(ids) == 14 and text == prompt  # the <bos> went first
+    ids, text = models.model_prompt(engine(100, max_prompt_tokens=5, prompt_overflow="left"), prompt)
+    assert text == "2+34?"
+    dist = {"dist": "lognormal", "median": 4, "sigma": 1.0, "max": 30}
+    with pytest.raises(TaskError):  # the longest response a distribution allows
+        models.model_prompt(engine(40, new=dist), prompt)
+    assert models.model_prompt(engine(None), prompt)[1] == prompt  # no limit known: as it is
+    with pytest.raises(TaskError):
+        models.model_prompt(engine(None, max_prompt_tokens=10), prompt)

@@ -448,6 +448,18 @@ def a_chat_its_template_refuses(tmp_path, monkeypatch):
     models.engine_prompt(_spec(), tok, CHAT)
 
 
+@example("AF657")
+def a_prompt_longer_than_the_model_takes(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from asyncflow import models
+    from asyncflow.engines.hf_serve import length_spec
+
+    engine = SimpleNamespace(spec=_spec(), tokenizer=models.CharTokenizer(), args={},
+                             max_positions=16, length_dist=length_spec(8))
+    models.model_prompt(engine, "What is 12+34? And 5+6?")
+
+
 @example("AF653")
 def an_adapter_the_model_cannot_take(tmp_path, monkeypatch):
     pytest.importorskip("peft")

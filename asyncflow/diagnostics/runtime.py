@@ -88,6 +88,10 @@ CODES = [
     Code("AF656", "chat-template-rejects-prompt-run",
          "task '{task}': the chat template of model '{model}' cannot render a prompt: {reason} "
          "(prompt: {got})"),
+    Code("AF657", "prompt-too-long",
+         "task '{task}': a prompt of {n} tokens is longer than the {limit} a prompt may have "
+         "({why}): shorten the data, lower max_new_tokens, or set args: {{prompt_overflow: "
+         "left}} to keep its last tokens (prompt: {got})"),
     Code("AF653", "lora-unusable",
          "model '{model}': its LoRA adapter cannot be put on the model: {reason} (the model's "
          "linear layers: {linear})"),

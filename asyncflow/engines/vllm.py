@@ -140,6 +140,7 @@ class VLLMEngine:
 
         loaded = models.engine_load(self.spec)  # from where the plan says, in its dtype
         check_head_size(loaded.model.config, current_platform)
+        self.max_positions = models.positions(loaded.model.config)  # models.fit_prompt
         model_dir = os.path.join(self.dir, "model")
         models.save(loaded, model_dir)
         tokenizer = loaded.tokenizer

@@ -391,7 +391,8 @@ class Worker(Loop):
         """The data's first prompt, encoded once by the engine's tokenizer at start-up: chat
         messages for a tokenizer without a chat template (AF651) or a prompt that is neither
         text nor messages (AF652) or characters the tokenizer cannot encode (AF655: its ids do
-        not spell the prompt back) stop the run before any step, located (``check`` finds them
+        not spell the prompt back) or more tokens than the model takes (AF657) stop the run
+        before any step, located (``check`` finds them
         where the model's tokenizer files can be read; a ``module:factory`` model's only here).
         ``chat_sample``: the driver's first data row, its non-text values."""
         sample = self.opt.get("chat_sample") or {}
@@ -400,7 +401,8 @@ class Worker(Loop):
             return
         for field, role in self.task.bind_in:
             if role == "prompt" and field in sample:
-                models.engine_prompt(spec, tok, sample[field], round_trip=True)
+                models.fit_prompt(self.engine, *models.engine_prompt(spec, tok, sample[field],
+                                                                     round_trip=True))
 
     def _start(self) -> None:
         t = time.time()
