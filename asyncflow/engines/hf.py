@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncflow import lora, models
+from asyncflow import lora, models, prompts
 from asyncflow.engines import hf_serve, multiturn
 from asyncflow.engines import torch_common as tc
 from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
@@ -68,7 +68,7 @@ class HFEngine(HFTrainer, HFWeights):
 
         # from where the plan says, in the model's dtype (log-prob math stays float32)
         self.model, self.tokenizer = models.engine_load(spec)
-        self.max_positions = models.positions(self.model.config)  # a prompt's limit (fit_prompt)
+        self.max_positions = prompts.positions(self.model.config)  # a prompt's limit (fit_prompt)
         # a LoRA adapter (asyncflow.lora): the trainer trains it, a rollout applies what it gets
         self.lora = dict(spec.model.get("lora") or {})
         if self.lora:

@@ -67,7 +67,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from asyncflow import models
+from asyncflow import models, prompts
 from asyncflow.engines.base import BUILTIN_CAPABILITIES, Columns, EngineSpec
 from asyncflow.engines.hf_serve import QueueServer
 from asyncflow.engines.vllm_setup import (adapter_config, bind_cpu_workers, check_head_size,
@@ -140,7 +140,7 @@ class VLLMEngine:
 
         loaded = models.engine_load(self.spec)  # from where the plan says, in its dtype
         check_head_size(loaded.model.config, current_platform)
-        self.max_positions = models.positions(loaded.model.config)  # models.fit_prompt
+        self.max_positions = prompts.positions(loaded.model.config)  # models.fit_prompt
         model_dir = os.path.join(self.dir, "model")
         models.save(loaded, model_dir)
         tokenizer = loaded.tokenizer

@@ -51,7 +51,7 @@ import threading
 import time
 import traceback
 
-from asyncflow import kinds, models
+from asyncflow import kinds, models, prompts
 from asyncflow.engines.base import EngineSpec, class_capabilities, load_engine_class
 from asyncflow.plan import Plan
 from asyncflow.refs import accepted, resolve
@@ -401,7 +401,7 @@ class Worker(Loop):
             return
         for field, role in self.task.bind_in:
             if role == "prompt" and field in sample:
-                models.fit_prompt(self.engine, *models.engine_prompt(spec, tok, sample[field],
+                prompts.fit_prompt(self.engine, *models.engine_prompt(spec, tok, sample[field],
                                                                      round_trip=True))
 
     def _start(self) -> None:

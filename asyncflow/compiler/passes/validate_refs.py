@@ -44,7 +44,7 @@ def _check_prompts(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnost
     tokenizer saved in ``directory`` has no chat template; AF348 when the tokenizer cannot
     encode characters of the prompt as the model would see it
     (:func:`asyncflow.modelsrc.spell_back`). Reads files only (no torch, no transformers)."""
-    from asyncflow.models import round_trip_error
+    from asyncflow.prompts import round_trip_error
     from asyncflow.modelsrc import TemplateRejects, has_chat_template, spell_back
 
     no_template = has_chat_template(directory) is False

@@ -1,0 +1,86 @@
+"""What a prompt becomes, checked: spelled back through its tokenizer (characters it cannot
+encode: AF655 at start-up, AF348 at ``check``) and held to the length the model takes (AF657,
+or its last tokens with ``prompt_overflow: left``). :mod:`asyncflow.models` encodes prompts
+(:func:`~asyncflow.models.encode_prompt`, :func:`~asyncflow.models.model_prompt`) and calls
+these; torch and transformers are not imported here."""
+from __future__ import annotations
+
+from asyncflow.models import PromptError, _show, located
+
+
+def lost_spans(text: str, back: str) -> list[tuple[str, str]]:
+    """``(was, became)`` for each span of ``text`` that ``back`` (its ids spelled back) lost or
+    changed; a change of white space only is not a loss (tokenizers normalise spaces)."""
+    import difflib
+
+    ops = difflib.SequenceMatcher(None, text, back, autojunk=False).get_opcodes()
+    return [(text[i1:i2], back[j1:j2]) for op, i1, i2, j1, j2 in ops
+            if op in ("delete", "replace") and text[i1:i2].strip()]
+
+
+def round_trip_error(text: str, back: str) -> PromptError | None:
+    """AF655 when spelling a prompt's ids back (``back``) loses characters of ``text``."""
+    spans = lost_spans(text, back)
+    if not spans:
+        return None
+    chars = sorted({c for was, _ in spans for c in was if not c.isspace()})
+    return PromptError("AF655", chars=", ".join(repr(c) for c in chars[:12])
+                       + (f" (+{len(chars) - 12} more)" if len(chars) > 12 else ""),
+                       text=_show(text), back=_show(back))
+
+
+def check_round_trip(tokenizer, ids, text: str) -> None:
+    """Raise AF655 when ``ids`` (``text`` encoded) do not spell ``text`` back: characters the
+    tokenizer cannot encode. A tokenizer without ``spell`` is not checked."""
+    spell = getattr(tokenizer, "spell", None)
+    if spell is not None:
+        e = round_trip_error(text, spell(list(ids)))
+        if e is not None:
+            raise e
+
+
+def positions(config) -> int | None:
+    """The longest sequence a model's config says it takes (``max_position_embeddings``, or
+    GPT-2's ``n_positions``), or None."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def prompt_limit(engine) -> tuple[int | None, str]:
+    """The most tokens a prompt of ``engine`` (a rollout) may have, and why: its
+    ``max_prompt_tokens`` arg, else the model's positions (``engine.max_positions``) less the
+    longest response ``max_new_tokens`` allows (a number, or a distribution's ``max``);
+    None when neither is known."""
+    args = getattr(engine, "args", None) or {}
+    if args.get("max_prompt_tokens"):
+        return int(args["max_prompt_tokens"]), "max_prompt_tokens"
+    total = getattr(engine, "max_positions", None)
+    dist = getattr(engine, "length_dist", None)
+    longest = None
+    if dist is not None:
+        longest = (dist.params.get("value") if dist.dist == "constant"
+                   else dist.params.get("max"))
+    if not total or longest is None:
+        return None, ""
+    return max(0, total - int(round(longest))), (
+        f"the model's {total} positions less max_new_tokens {int(round(longest))}")
+
+
+def fit_prompt(engine, ids: list[int], text: str) -> tuple[list[int], str]:
+    """A prompt within :func:`prompt_limit`: as it is; longer, its last tokens with
+    ``prompt_overflow: left`` (TRL's truncation; the text is what they spell), else AF657
+    located at the task -- not an index error deep in the model's position embeddings, nor
+    a response the model generates past its context."""
+    limit, why = prompt_limit(engine)
+    if limit is None or len(ids) <= limit:
+        return ids, text
+    args = getattr(engine, "args", None) or {}
+    if args.get("prompt_overflow") == "left" and limit > 0:
+        ids = list(ids[-limit:])
+        spell = getattr(engine.tokenizer, "spell", None)
+        return ids, spell(ids) if spell is not None else engine.tokenizer.decode(ids)
+    raise located(engine.spec, PromptError("AF657", n=len(ids), limit=limit, why=why,
+                                           got=_show(text)))
