@@ -29,7 +29,7 @@ class InternalError(AsyncflowError):
 class TaskError(AsyncflowError):
     """A located user error found while a task ran (a user function, an engine's model or
     prompt); crosses process boundaries as a dict. Raised by the runtime's contract checks
-    (:mod:`asyncflow.runtime.contract`) and by engines (:func:`asyncflow.models.located`)."""
+    (:mod:`asyncflow.runtime.contract`) and by engines (:func:`asyncflow.prompts.located`)."""
 
     def __init__(self, code: str, task, **fields: Any):
         self.code, self.loc = code, getattr(task, "loc", "") or ""

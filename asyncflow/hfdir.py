@@ -21,12 +21,18 @@ def write_hf(directory: str, model, tokenizer, dtype: str = "float32", value_hea
     config (its ``dtype`` set), generation config, ``model.safetensors`` (the weights cast to
     ``dtype``; a tensor shared by several names, tied embeddings, stored once under its first
     name), the tokenizer (its own ``save``: transformers files and chat template), the critic's
-    value head, and ``asyncflow_export.json``. The model itself is not changed."""
+    value head, and ``asyncflow_export.json``; a model of a checkpoint's own code (loaded with
+    ``trust_remote_code``) with that code, as ``save_pretrained`` writes it. The model itself
+    is not changed."""
     import torch
     from safetensors.torch import save_file
 
     torch_dtype = to_torch_dtype(dtype)
     os.makedirs(directory, exist_ok=True)
+    if getattr(model, "_auto_class", None) is not None:  # a checkpoint's own code (auto_map):
+        from transformers.dynamic_module_utils import custom_object_save  # as save_pretrained
+
+        custom_object_save(model, directory, config=model.config)  # copies it, sets auto_map
     model.config.save_pretrained(directory)
     set_config_dtype(directory, dtype)
     gen = getattr(model, "generation_config", None)

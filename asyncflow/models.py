@@ -48,6 +48,7 @@ import threading
 from typing import Any, NamedTuple, Sequence
 
 from asyncflow.modelsrc import DEFAULT_DTYPE, DTYPES, Source, SourceError, is_chat
+from asyncflow.prompts import PromptError, _show, check_round_trip, fit_prompt, located
 from asyncflow.tokens import Text
 
 TOKENIZER_FILE = "asyncflow_tokenizer.json"
@@ -61,14 +62,6 @@ class Loaded(NamedTuple):
 
     model: Any  # a transformers causal LM (torch.nn.Module), on CPU, in the plan's dtype
     tokenizer: Any  # follows the tokenizer protocol in the module docstring
-
-
-class PromptError(ValueError):
-    """A prompt the tokenizer cannot encode: ``code`` (AF651, AF652) and the message's fields."""
-
-    def __init__(self, code: str, **fields: Any):
-        self.code, self.fields = code, fields
-        super().__init__(f"{code} {fields}")
 
 
 def encode_prompt(tokenizer, prompt) -> tuple[list[int], str]:
@@ -90,11 +83,6 @@ def _check_prompt(prompt) -> None:
     content) is AF652, not its Python repr tokenized."""
     if isinstance(prompt, (list, tuple, dict)) and not is_chat(prompt):
         raise PromptError("AF652", got=_show(prompt))
-
-
-def _show(v: Any) -> str:
-    s = repr(v)
-    return s if len(s) <= 80 else s[:77] + "..."
 
 
 def _byte_chars() -> dict[int, str]:
@@ -286,10 +274,11 @@ def _tiny_decoder(layers, hidden, heads, vocab, max_len, seed, intermediate, kv_
     return Loaded(model, tok)
 
 
-def from_directory(path: str, dtype: str | None = None) -> Loaded:
+def from_directory(path: str, dtype: str | None = None, trust_remote_code: bool = False) -> Loaded:
     """A local HF directory (``config.json`` + weights) in ``dtype`` (default float32): never
     downloads. Its tokenizer is a :class:`CharTokenizer` where ``asyncflow_tokenizer.json`` is
-    present, else the directory's own ``transformers`` tokenizer."""
+    present, else the directory's own ``transformers`` tokenizer. ``trust_remote_code``: run
+    the code the directory ships (its ``auto_map``), for the model and the tokenizer."""
     with LOAD_LOCK:
         import torch  # noqa: F401  (imported under the lock: transformers imports it)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -298,13 +287,14 @@ def from_directory(path: str, dtype: str | None = None) -> Loaded:
         # a worker's log is not a terminal: transformers' "Loading weights" bar would be one
         # line per load in every run's output (the run's own progress bar says what happens)
         hf_logging.disable_progress_bar()
+        trust = {"trust_remote_code": True} if trust_remote_code else {}
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
-                                                     dtype=torch_dtype(dtype))
+                                                     dtype=torch_dtype(dtype), **trust)
         model.eval()
         if os.path.exists(os.path.join(path, TOKENIZER_FILE)):
             tok = CharTokenizer()
         else:
-            tok = HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
+            tok = HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True, **trust))
     return Loaded(model, tok)
 
 
@@ -327,14 +317,14 @@ def _in_dtype(loaded: Loaded, dtype: str | None) -> Loaded:
 
 
 def load_source(src: Source, args: dict | None = None, paths: Sequence[str] = (),
-                dtype: str | None = None) -> Loaded:
+                dtype: str | None = None, trust_remote_code: bool = False) -> Loaded:
     """The model a resolved source names (:mod:`asyncflow.modelsrc`), in ``dtype``, its
     tokenizer told the model's end ids (:func:`with_stops`)."""
     if src.kind == "factory":
         return with_stops(_in_dtype(_factory(src.ref, args, paths), dtype))
     from asyncflow.modelsrc import fetch
 
-    return with_stops(from_directory(fetch(src), dtype))
+    return with_stops(from_directory(fetch(src), dtype, trust_remote_code))
 
 
 def stop_ids(tokenizer) -> tuple[int, ...]:
@@ -386,7 +376,8 @@ def load_model(model: dict, paths: Sequence[str] = ()) -> Loaded:
         return load(model["init"], model.get("args"), paths, model.get("dtype"))
     src = Source(kind, model.get("source") or model["init"], model.get("path") or "")
     try:
-        return load_source(src, model.get("args"), paths, model.get("dtype"))
+        return load_source(src, model.get("args"), paths, model.get("dtype"),
+                           bool(model.get("trust_remote_code")))
     except SourceError:
         raise
     except (OSError, ValueError, ImportError, TypeError) as e:
@@ -405,21 +396,6 @@ def save(loaded: Loaded, directory: str) -> None:
 
 
 # -- what engines call: errors located at the model's init or the task -----------------------------
-def located(spec, e: SourceError | PromptError):
-    """A :class:`~asyncflow.errors.TaskError` for an engine's model or prompt error,
-    located at the model's ``init`` (AF650, AF651, AF655, AF656) or the task (AF652, AF657)."""
-    from types import SimpleNamespace
-
-    from asyncflow.errors import TaskError
-
-    model = getattr(spec, "model", None) or {}
-    extra = getattr(spec, "extra", None) or {}
-    loc = (model.get("loc") if e.code not in ("AF652", "AF657") else None) \
-        or extra.get("task_loc") or ""
-    at = SimpleNamespace(name=getattr(spec, "task", "?"), loc=loc)
-    return TaskError(e.code, at, model=model.get("name", "?"), **e.fields)
-
-
 def engine_load(spec) -> Loaded:
     """An engine's model and tokenizer (:func:`load_model` of ``spec.model``), AF650 located."""
     try:
@@ -434,8 +410,6 @@ def engine_prompt(spec, tokenizer, prompt, round_trip: bool = False) -> tuple[li
     try:
         ids, text = encode_prompt(tokenizer, prompt)
         if round_trip:
-            from asyncflow.prompts import check_round_trip
-
             check_round_trip(tokenizer, ids, text)
         return ids, text
     except PromptError as e:
@@ -449,6 +423,4 @@ def model_prompt(engine, prompt) -> tuple[list[int], str]:
     template, a string as is) and :func:`asyncflow.prompts.fit_prompt` (its length)."""
     if isinstance(prompt, Text) and prompt.ids:
         return list(prompt.ids), str(prompt)
-    from asyncflow.prompts import fit_prompt
-
     return fit_prompt(engine, *engine_prompt(engine.spec, engine.tokenizer, prompt))

@@ -216,6 +216,23 @@ def _chat_template(d: Path) -> str | None:
     return None
 
 
+def own_code(directory: str) -> str:
+    """The code a checkpoint ships, as its ``auto_map`` names it ("AutoModelForCausalLM ->
+    modeling_x.XForCausalLM, ..."), from ``config.json`` and ``tokenizer_config.json``; "" when
+    it has none (transformers' own classes load it)."""
+    out = []
+    for name in ("config.json", "tokenizer_config.json"):
+        f = Path(directory) / name
+        try:
+            amap = json.loads(f.read_text()).get("auto_map") if f.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            continue
+        for k, v in (amap or {}).items() if isinstance(amap, dict) else ():
+            v = [x for x in v if x] if isinstance(v, (list, tuple)) else [v]
+            out.append(f"{k} -> {', '.join(str(x) for x in v)}")
+    return "; ".join(dict.fromkeys(out))
+
+
 class TemplateRejects(Exception):
     """A chat template's own ``raise_exception(message)`` refused a prompt."""
 
@@ -262,6 +279,6 @@ def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
 
 
 __all__ = ["Source", "SourceError", "locate", "fetch", "is_chat", "has_chat_template", "spell_back",
-           "TemplateRejects",
+           "TemplateRejects", "own_code",
            "DTYPES",
            "DEFAULT_DTYPE", "KINDS", "HUB_ID", "cached_snapshot", "cache_dir", "hf_home", "offline"]

@@ -2,10 +2,41 @@
 encode: AF655 at start-up, AF348 at ``check``) and held to the length the model takes (AF657,
 or its last tokens with ``prompt_overflow: left``). :mod:`asyncflow.models` encodes prompts
 (:func:`~asyncflow.models.encode_prompt`, :func:`~asyncflow.models.model_prompt`) and calls
-these; torch and transformers are not imported here."""
+these, and :class:`PromptError` and :func:`located` are the errors they raise; torch and
+transformers are not imported here."""
 from __future__ import annotations
 
-from asyncflow.models import PromptError, _show, located
+from typing import Any
+
+from asyncflow.modelsrc import SourceError
+
+
+class PromptError(ValueError):
+    """A prompt the model cannot take: ``code`` (AF651, AF652, AF655-AF657) and the message's fields."""
+
+    def __init__(self, code: str, **fields: Any):
+        self.code, self.fields = code, fields
+        super().__init__(f"{code} {fields}")
+
+
+def _show(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def located(spec, e: SourceError | PromptError):
+    """A :class:`~asyncflow.errors.TaskError` for an engine's model or prompt error,
+    located at the model's ``init`` (AF650, AF651, AF655, AF656) or the task (AF652, AF657)."""
+    from types import SimpleNamespace
+
+    from asyncflow.errors import TaskError
+
+    model = getattr(spec, "model", None) or {}
+    extra = getattr(spec, "extra", None) or {}
+    loc = (model.get("loc") if e.code not in ("AF652", "AF657") else None) \
+        or extra.get("task_loc") or ""
+    at = SimpleNamespace(name=getattr(spec, "task", "?"), loc=loc)
+    return TaskError(e.code, at, model=model.get("name", "?"), **e.fields)
 
 
 def lost_spans(text: str, back: str) -> list[tuple[str, str]]:

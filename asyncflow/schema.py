@@ -59,6 +59,11 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                 "scale > 0 (2 r), dropout: in [0, 1) (0), target_modules: a list of module "
                 'names or "all-linear" (the default)}; {} takes every default. A sync sends the '
                 "adapter only; the export writes the merged model and the adapter. hf engine.",
+        "trust_remote_code": "Run the Python code a checkpoint ships (its config.json "
+                             "auto_map: a custom architecture or tokenizer), as transformers' "
+                             "trust_remote_code=True does, for the model and its tokenizer "
+                             "(and vLLM's). Unset: the copied model's, else false; `check` "
+                             "reports a checkpoint with code of its own without it (AF339).",
         "params": "How many parameters the model has (e.g. 7.6e9): what a weight sync moves, "
                   "times the dtype's bytes, in asyncflow simulate (docs/weight-sync.md). "
                   "Default: counted from a Hugging Face checkpoint's files; else unknown, and "

@@ -41,6 +41,8 @@ MODEL = {
     "dtype": Key("choice", choices=("float32", "bfloat16", "float16")),
     # a LoRA adapter the trainer trains instead of the weights (asyncflow.lora: keys, defaults)
     "lora": Key("map"),
+    # run the code a checkpoint ships (config.json auto_map); unset: the copied model's, else no
+    "trust_remote_code": Key("bool"),
     # parameters a weight sync moves (asyncflow simulate's transfer cost; unset: from an HF
     # checkpoint's files, else unknown and the sync costs nothing there)
     "params": Key("num", min=1),

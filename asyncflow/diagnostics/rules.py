@@ -177,6 +177,11 @@ CODES = [
                  f'init: "{_FIXTURES / "no_template_model"}"'),
                 ("source: asyncflow.datasets:digits\n    args: {n: 100, seed: 0}",
                  f'source: "{_FIXTURES / "chat_prompts.jsonl"}"'), at="prompt, answer]"),)),
+    Code("AF339", "model-ships-code",
+         "model '{model}': the checkpoint {path} ships code of its own ({classes}), which runs only "
+         "with trust_remote_code",
+         (mutate("init: asyncflow.models:tiny_decoder\n    args: {layers: 2, hidden: 64}",
+                 f'init: "{_FIXTURES / "own_code_model"}"', at='"/'),)),
     Code("AF348", "prompt-loses-characters",
          "field '{field}' of data source '{source}': the tokenizer of model '{model}' ({path}) "
          "cannot encode {chars} of the first row's prompt: the model would read {back} for {text}",

@@ -39,7 +39,8 @@ def engine_kwargs(spec: EngineSpec, model_dir: str, cpu: bool, prefix_caching: b
               dtype=a.get("dtype", spec.model.get("dtype") or "float32"), seed=spec.seed,
               enforce_eager=bool(a.get("enforce_eager", True)),
               max_num_seqs=int(a.get("max_num_seqs", 256)),
-              enable_prefix_caching=prefix_caching)
+              enable_prefix_caching=prefix_caching,
+              trust_remote_code=bool(spec.model.get("trust_remote_code")))
     tp = int(spec.extra.get("devices") or 1) if spec.extra.get("device_kind") == "GPU" else 1
     kw["tensor_parallel_size"] = tp
     if tp > 1:

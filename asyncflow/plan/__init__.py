@@ -71,6 +71,7 @@ class ModelPlan:
     loc: str = ""  # "file:line:col" of its init (of the model it copies), for run-time errors
     # its LoRA adapter, defaults filled in (asyncflow.lora.resolve); {}: the weights train
     lora: dict = field(default_factory=dict)
+    trust_remote_code: bool = False  # run the checkpoint's own code (config.json auto_map)
     # parameters a weight sync moves, as written (``params:``); 0: not written (the simulator
     # counts an HF checkpoint's, else charges no transfer)
     params: float = 0

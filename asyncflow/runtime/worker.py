@@ -87,6 +87,7 @@ def engine_spec(plan: Plan, task, replica: int, paths=()) -> EngineSpec:
              "source_kind": getattr(model, "source_kind", ""), "source": getattr(model, "source", ""),
              "path": getattr(model, "path", ""), "dtype": getattr(model, "dtype", "float32"),
              "loc": getattr(model, "loc", ""),
+             "trust_remote_code": bool(getattr(model, "trust_remote_code", False)),
              "lora": dict(getattr(model, "lora", None) or {})} if model else {}
     st = plan.step
     # its worker (None: an engine built outside the plan's workers -- a test, a benchmark)

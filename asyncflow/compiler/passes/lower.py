@@ -388,14 +388,16 @@ def _model_source(p, name: str, device_kind: str = "CPU") -> dict:
     from asyncflow.modelsrc import DEFAULT_DTYPE, SourceError, locate
     from asyncflow.refs import search_path
 
-    m, seen, dtype = p.models.get(name), set(), None
+    m, seen, dtype, trust = p.models.get(name), set(), None, None
     while m is not None and m.name not in seen:
         seen.add(m.name)
         dtype = dtype or m.dtype
+        trust = trust if trust is not None else m.trust_remote_code
         if not m.copy_of:
             break
         m = p.models.get(m.copy_of)
-    out = {"dtype": dtype or ("bfloat16" if device_kind == "GPU" else DEFAULT_DTYPE)}
+    out = {"dtype": dtype or ("bfloat16" if device_kind == "GPU" else DEFAULT_DTYPE),
+           "trust_remote_code": bool(trust)}
     if m is None or not m.init:
         return out
     out["loc"] = str(m.locs.get("init", m.loc)) if (m.locs.get("init") or m.loc).line else ""

@@ -35,7 +35,22 @@ def check_init(p: ast.Pipeline, m: ast.ModelDef, d: Diagnostics) -> None:
         d.add(e.code, loc, **{"model": m.name, "value": v, **e.fields})
         return
     if src.path:
+        _check_own_code(p, m, src.path, loc, d)
         _check_prompts(p, m, src.path, d)
+
+
+def _check_own_code(p: ast.Pipeline, m: ast.ModelDef, directory: str, loc: SourceLoc,
+                    d: Diagnostics) -> None:
+    """AF339: a checkpoint that ships its own code (``auto_map`` in its ``config.json`` or
+    ``tokenizer_config.json``) for a model without ``trust_remote_code: true``: transformers
+    would refuse to load it at start-up, and running it is the user's decision."""
+    from asyncflow.modelsrc import own_code
+
+    code = own_code(directory)
+    if code and not m.trust_remote_code:
+        d.add("AF339", loc, "set trust_remote_code: true on the model if you trust that code "
+              "(transformers runs it to build the model and its tokenizer)",
+              model=m.name, path=directory, classes=code)
 
 
 def _check_prompts(p: ast.Pipeline, m: ast.ModelDef, directory: str, d: Diagnostics) -> None:
