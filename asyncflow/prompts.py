@@ -26,7 +26,8 @@ def _show(v: Any) -> str:
 
 def located(spec, e: SourceError | PromptError):
     """A :class:`~asyncflow.errors.TaskError` for an engine's model or prompt error,
-    located at the model's ``init`` (AF650, AF651, AF655, AF656) or the task (AF652, AF657)."""
+    located at the model's ``init`` (AF650, AF651, AF655, AF656, AF658) or the task (AF652,
+    AF657)."""
     from types import SimpleNamespace
 
     from asyncflow.errors import TaskError
@@ -100,11 +101,27 @@ def prompt_limit(engine) -> tuple[int | None, str]:
         f"the model's {total} positions less max_new_tokens {int(round(longest))}")
 
 
+def embedding_rows(model) -> int | None:
+    """How many token ids the model's input embedding has rows for, or None."""
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def fit_prompt(engine, ids: list[int], text: str) -> tuple[list[int], str]:
     """A prompt within :func:`prompt_limit`: as it is; longer, its last tokens with
     ``prompt_overflow: left`` (TRL's truncation; the text is what they spell), else AF657
     located at the task -- not an index error deep in the model's position embeddings, nor
-    a response the model generates past its context."""
+    a response the model generates past its context. A token id the model's embedding has no
+    row for (a token added to the tokenizer, the embeddings never resized) is AF658."""
+    rows = getattr(engine, "vocab_rows", None)
+    top = max(ids, default=-1)
+    if rows and top >= rows:  # tokens added to the tokenizer, the embeddings never resized
+        spell = getattr(engine.tokenizer, "spell", None)
+        raise located(engine.spec, PromptError(
+            "AF658", id=top, token=repr(spell([top])) if spell is not None else "?", rows=rows,
+            got=_show(text)))
     limit, why = prompt_limit(engine)
     if limit is None or len(ids) <= limit:
         return ids, text

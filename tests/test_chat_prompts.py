@@ -350,3 +350,26 @@ def test_a_prompt_longer_than_the_model_takes_is_af657_or_keeps_its_last_tokens(
     assert models.model_prompt(engine(None), prompt)[1] == prompt  # no limit known: as it is
     with pytest.raises(TaskError):
         models.model_prompt(engine(None, max_prompt_tokens=10), prompt)
+
+
+@pytest.mark.engine
+def test_a_token_added_to_the_tokenizer_but_not_to_the_model_is_af658(tmp_path):
+    """A special token added to a user's tokenizer after the model was saved, the embeddings
+    never resized: a prompt holding it is AF658 at the model (it was an IndexError in the
+    embedding lookup)."""
+    import tiny_hf
+    from transformers import AutoTokenizer
+
+    from asyncflow.engines.hf import HFEngine
+    from asyncflow.runtime.contract import TaskError
+
+    d = tiny_hf.model_dir(tmp_path / "m")
+    tok = AutoTokenizer.from_pretrained(str(d))
+    tok.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    tok.save_pretrained(str(d))
+    eng = HFEngine(_spec(str(d)))
+    assert eng.generate({"prompt": ["What is 2+3?"]})["response"][0] is not None
+    with pytest.raises(TaskError) as e:
+        eng.generate({"prompt": ["What is 2+3? <|tool|>"]})
+    assert e.value.code == "AF658" and e.value.loc == "p.yaml:3:11"
+    assert e.value.fields["rows"] == len(tok) - 1 and e.value.fields["id"] == len(tok) - 1

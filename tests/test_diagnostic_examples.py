@@ -460,6 +460,17 @@ def a_prompt_longer_than_the_model_takes(tmp_path, monkeypatch):
     models.model_prompt(engine, "What is 12+34? And 5+6?")
 
 
+@example("AF658")
+def a_token_the_model_has_no_embedding_row_for(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from asyncflow import models
+
+    engine = SimpleNamespace(spec=_spec(), tokenizer=models.CharTokenizer(), args={},
+                             vocab_rows=20)
+    models.model_prompt(engine, "What is 12+34?")
+
+
 @example("AF653")
 def an_adapter_the_model_cannot_take(tmp_path, monkeypatch):
     pytest.importorskip("peft")

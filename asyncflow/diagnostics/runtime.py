@@ -92,6 +92,10 @@ CODES = [
          "task '{task}': a prompt of {n} tokens is longer than the {limit} a prompt may have "
          "({why}): shorten the data, lower max_new_tokens, or set args: {{prompt_overflow: "
          "left}} to keep its last tokens (prompt: {got})"),
+    Code("AF658", "token-beyond-embeddings",
+         "task '{task}': a prompt holds token id {id} ({token}), but the embedding of model "
+         "'{model}' has {rows} rows: tokens were added to the tokenizer and the model never "
+         "resized (model.resize_token_embeddings(len(tokenizer)), then save it) (prompt: {got})"),
     Code("AF653", "lora-unusable",
          "model '{model}': its LoRA adapter cannot be put on the model: {reason} (the model's "
          "linear layers: {linear})"),

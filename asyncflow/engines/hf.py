@@ -69,6 +69,7 @@ class HFEngine(HFTrainer, HFWeights):
         # from where the plan says, in the model's dtype (log-prob math stays float32)
         self.model, self.tokenizer = models.engine_load(spec)
         self.max_positions = prompts.positions(self.model.config)  # a prompt's limit (fit_prompt)
+        self.vocab_rows = prompts.embedding_rows(self.model)  # the ids a prompt may hold
         # a LoRA adapter (asyncflow.lora): the trainer trains it, a rollout applies what it gets
         self.lora = dict(spec.model.get("lora") or {})
         if self.lora:

@@ -140,7 +140,8 @@ class VLLMEngine:
 
         loaded = models.engine_load(self.spec)  # from where the plan says, in its dtype
         check_head_size(loaded.model.config, current_platform)
-        self.max_positions = prompts.positions(loaded.model.config)  # models.fit_prompt
+        self.max_positions = prompts.positions(loaded.model.config)  # prompts.fit_prompt
+        self.vocab_rows = prompts.embedding_rows(loaded.model)
         model_dir = os.path.join(self.dir, "model")
         models.save(loaded, model_dir)
         tokenizer = loaded.tokenizer
