@@ -217,6 +217,7 @@ def run_asyncflow(a, work: str) -> dict:
     sets += [f"tasks.update.args.micro_batch={micro}", f"tasks.ref.args.micro_batch={micro}"]
     if a.alpha is not None:
         sets.append(f"sync.0.max_staleness={a.alpha}")
+    sets += list(a.af_set or [])  # last: they win
     # the local backend's threads need the model classes imported first (_AF_LAUNCHER); on Ray
     # the driver runs no model, and the plain CLI is what a user runs (the launcher's import of
     # transformers cost the driver ~3.5 CPU s, 40% of its CPU in a 100-step run)
@@ -493,6 +494,9 @@ def main(argv=None) -> int:
                    help="force asyncflow's engines to this many torch threads each (default: "
                         "asyncflow's rule, one per CPU slot of the replica: the 2 cores split "
                         "between the rollout pool and the train pool)")
+    p.add_argument("--af-set", action="append", metavar="KEY.PATH=VALUE",
+                   help="one more --set for asyncflow's run (repeatable), e.g. "
+                        "tasks.update.args.threads=2")
     p.add_argument("--micro-batch", type=int, default=None,
                    help="rows per forward/backward pass, both sides: asyncflow's update/ref "
                         "micro_batch and TRL's per_device_train_batch_size (with gradient "
