@@ -344,10 +344,12 @@ def with_stops(loaded: Loaded) -> Loaded:
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     extra = [extra] if isinstance(extra, int) else list(extra or ())
     size = getattr(tok, "vocab_size", None)
-    ids = [tok.eos_id] + [int(i) for i in extra
-                          if isinstance(i, int) and (size is None or 0 <= i < size)]
+    eos = getattr(tok, "eos_id", None)
+    if eos is None:  # not the tokenizer protocol (a plug-in's own object): left as it is
+        return loaded
+    ids = [eos] + [int(i) for i in extra if isinstance(i, int) and (size is None or 0 <= i < size)]
     try:
-        tok.stop_ids = tuple(dict.fromkeys(i for i in ids if i is not None))
+        tok.stop_ids = tuple(dict.fromkeys(ids))
     except (AttributeError, TypeError):
         pass
     return loaded
