@@ -165,6 +165,8 @@ _LENGTH = Arg("max_new_tokens", "int|dist", 16, "response length cap (eos stops 
               "number, or a distribution drawn per row", _R, min=1)
 _TOP_P = Arg("top_p", "num", 1.0, "nucleus sampling (does not change log-probs)", _R,
              min=0, strict=True, max=1)
+_TOP_K = Arg("top_k", "int", 0, "sample among the k most probable tokens (0: all; before top_p; "
+             "does not change log-probs)", _R, min=0)
 _TURNS = Arg("max_turns", "int", 16, "with env: agent turns at most per episode", _R, min=1)
 _PROMPT = (
     Arg("max_prompt_tokens", "int", None, "the most tokens a prompt may have (default: the "
@@ -174,7 +176,7 @@ _PROMPT = (
 )
 
 HF_ARGS = (
-    _LENGTH, _TOP_P, *_PROMPT,
+    _LENGTH, _TOP_P, _TOP_K, *_PROMPT,
     Arg("slots", "int", None, "schedule: queue: requests decoded at once (default: the step's "
         "samples, at least 32)", _R, min=1),
     _TURNS,
@@ -193,7 +195,7 @@ VLLM_ARGS = (
     _LENGTH, *_PROMPT,
     Arg("temperature", "num", 1.0, "sampling temperature; <= 0 is greedy (log-probs at T = 1)",
         _R),
-    _TOP_P,
+    _TOP_P, _TOP_K,
     Arg("threads", "int", 2, "torch threads of the process (vLLM sets 1; put back)", _R, min=1),
     Arg("dtype", "str", "float32", "vLLM dtype", _R),
     Arg("kv_cache_gib", "num", 0.25, "CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE, whole GiB, "

@@ -297,3 +297,34 @@ def test_fp32_master_keeps_updates_a_bfloat16_model_cannot_hold(tmp_path):
     again.load(str(tmp_path / "ck"))
     assert all(torch.equal(a, b) for a, b in zip(again.masters, mixed.masters))
     assert again.train_step(batch)["loss"] == mixed.train_step(batch)["loss"]
+
+
+def test_top_k_restricts_the_draw_not_the_logprobs():
+    """top_k: every sampled token is among the k most probable at its step (checked against
+    the model's own logits), the log-probs are those of the whole temperature-scaled
+    distribution (what the trainer recomputes), and both hf schedules agree row for row."""
+    from asyncflow.engines import torch_common as tc
+
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0, -1.0]] * 4000)
+    gen = torch.Generator().manual_seed(0)
+    tokens, lps = tc.sample(logits, 1.0, 1.0, gen, top_k=2)
+    assert set(tokens.tolist()) == {1, 2}
+    full = torch.log_softmax(logits[0], -1)
+    assert torch.allclose(lps, full[tokens])
+    share = (tokens == 1).float().mean().item()  # p1 / (p1 + p2) = e / (e + 1) = 0.731
+    assert abs(share - 0.731) < 0.03
+    # top_p of the mass top_k left: token 1 holds 0.731 of the top 2 (0.636 of all)
+    assert set(tc.sample(logits, 1.0, 0.72, gen, top_k=2)[0].tolist()) == {1}
+    assert set(tc.sample(logits, 1.0, 0.72, gen)[0].tolist()) == {1, 2}
+    e = rollout(top_k=3, temperature=1.0, max_new_tokens=6)
+    out = e.generate({"prompt": PROMPTS})
+    scorer = engine("logprob")
+    again = scorer.logprobs({"prompt": PROMPTS, "response": out["response"]})["logprobs"]
+    assert max_diff(out["logprobs"], again) < 1e-4
+    for r in out["response"]:  # replay: each token is in the top 3 of its step
+        ids = list(r.prompt_ids)
+        with torch.no_grad():
+            for t in r.ids:
+                top = e.model(torch.tensor([ids])).logits[0, -1].topk(3).indices.tolist()
+                assert t in top
+                ids.append(t)

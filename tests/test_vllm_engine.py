@@ -68,7 +68,8 @@ def samplers():
     """T = 1, and T = 0.7 with top-p 0.9: there neither vLLM's raw nor its processed log-probs
     are hf's quantity, the case the engine's temperature-in-the-model has to get right."""
     return {(1.0, 1.0): VLLMEngine(spec("rollout", temperature=1.0)),
-            (0.7, 0.9): VLLMEngine(spec("rollout", temperature=0.7, top_p=0.9))}
+            (0.7, 0.9): VLLMEngine(spec("rollout", temperature=0.7, top_p=0.9)),
+            "top_k": VLLMEngine(spec("rollout", temperature=1.0, top_k=3))}
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +140,25 @@ def test_sampled_logprobs_equal_hf_scorer(samplers, temperature, top_p):
         at_one = HFEngine(spec("logprob", temperature=1.0)).logprobs(
             {"prompt": PROMPTS, "response": out["response"]})["logprobs"]
         assert max_diff(out["logprobs"], at_one) > 0.1
+
+
+def test_top_k_restricts_the_draw_not_the_logprobs(samplers):
+    """top_k 3: each sampled token is among the 3 most probable at its step (the hf model's
+    logits, replayed), and the log-probs stay those of the whole distribution."""
+    import torch
+
+    engine = samplers["top_k"]
+    out = engine.generate({"prompt": PROMPTS, "_row": rows(len(PROMPTS))})
+    check_well_formed(engine, PROMPTS, out)
+    scorer = HFEngine(spec("logprob", temperature=1.0))
+    ref = scorer.logprobs({"prompt": PROMPTS, "response": out["response"]})["logprobs"]
+    assert max_diff(out["logprobs"], ref) < TOL
+    for r in out["response"]:
+        ids = list(r.prompt_ids)
+        with torch.no_grad():
+            for t in r.ids:
+                assert t in scorer.model(torch.tensor([ids])).logits[0, -1].topk(3).indices
+                ids.append(t)
 
 
 def test_a_row_draws_the_same_sample_in_any_batch(sampler):

@@ -58,6 +58,7 @@ class HFEngine(HFTrainer, HFWeights):
         self.device = torch.device(args.get("device") or spec.extra.get("device") or "cpu")
         self.temperature = float(args.get("temperature", spec.extra.get("temperature", 1.0)))
         self.top_p = float(args.get("top_p", 1.0))
+        self.top_k = int(args.get("top_k") or 0)
         # a number or a distribution: per-row length caps (hf_serve.length_cap)
         self.max_new_tokens = args.get("max_new_tokens", 16)
         self.length_dist = hf_serve.length_spec(self.max_new_tokens)
@@ -195,7 +196,8 @@ class HFEngine(HFTrainer, HFWeights):
             out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                              use_cache=True, logits_to_keep=1, **{tc.cache_kw(self.model): cache})
             cache = tc.out_cache(out)
-            tok, lp = tc.sample(out.logits[:, -1], self.temperature, self.top_p, self.generator)
+            tok, lp = tc.sample(out.logits[:, -1], self.temperature, self.top_p, self.generator,
+                                self.top_k)
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             tokens = torch.cat([tokens, tok[:, None]], dim=1)
             logps = torch.cat([logps, lp[:, None]], dim=1)

@@ -83,25 +83,17 @@ def request_seed(seed: int, key: Any) -> int:
 
 
 def sample_rows(logits: torch.Tensor, temperature: float, top_p: float,
-                generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+                generators: list[torch.Generator], top_k: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`asyncflow.engines.torch_common.sample` with one generator per row: row ``i`` draws
     its uniform from ``generators[i]`` (the same draw ``tc.sample`` makes for a one-row batch)."""
     if temperature <= 0:
         tokens = logits.argmax(-1)
         return tokens, tc.token_logprobs(logits, tokens)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    probs = logp.exp()
-    if 0 < top_p < 1:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        cum = sorted_p.cumsum(-1)
-        drop = cum - sorted_p >= top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    cum = probs.cumsum(-1)
-    u = torch.cat([torch.rand((1, 1), generator=g, dtype=cum.dtype) for g in generators])
-    u = u.to(cum.device) * cum[:, -1:]
-    tokens = torch.searchsorted(cum, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    probs = tc.restrict(logp.exp(), top_p, top_k)
+    return tc.draw(logp, probs, torch.cat([torch.rand((1, 1), generator=g, dtype=torch.float32)
+                                           for g in generators]))
 
 
 @dataclass
@@ -237,7 +229,8 @@ class HFTurnServer(QueueServer):
 
     def _draw(self, logits: torch.Tensor, reqs: list[_Request]):
         e = self.engine
-        tokens, logps = sample_rows(logits, e.temperature, e.top_p, [r.generator for r in reqs])
+        tokens, logps = sample_rows(logits, e.temperature, e.top_p, [r.generator for r in reqs],
+                                    e.top_k)
         return tokens.cpu(), logps.cpu()  # on the device until here: B ids, not [B, V] logits
 
     def _take(self, reqs: list[_Request], tokens, logps) -> list[int]:

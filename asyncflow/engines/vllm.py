@@ -98,6 +98,7 @@ class VLLMEngine:
         self.threads = int(args.get("threads") or spec.extra.get("threads") or 2)
         self.temperature = float(args.get("temperature", spec.extra.get("temperature", 1.0)))
         self.top_p = float(args.get("top_p", 1.0))
+        self.top_k = int(args.get("top_k") or 0)
         from asyncflow.engines.hf_serve import length_spec
 
         self.max_new_tokens = args.get("max_new_tokens", 16)  # a number or a distribution
@@ -199,7 +200,8 @@ class VLLMEngine:
             max_tokens = length_cap(self.length_dist, row)
         return SamplingParams(
             n=1, temperature=0.0 if greedy else 1.0,  # T is applied in the model (docstring)
-            top_p=1.0 if greedy else self.top_p, max_tokens=int(max_tokens), logprobs=0,
+            top_p=1.0 if greedy else self.top_p, top_k=0 if greedy else self.top_k,
+            max_tokens=int(max_tokens), logprobs=0,
             seed=seed, stop_token_ids=list(models.stop_ids(self.tokenizer)), detokenize=False)
 
     def generate(self, batch: Columns) -> Columns:
