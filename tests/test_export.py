@@ -235,6 +235,33 @@ def test_export_casts_to_the_model_dtype(run, tmp_path):
 
 
 @pytest.mark.engine
+def test_export_dtype_option_casts_the_final_export_and_a_checkpoint(run, capsys, tmp_path):
+    """``asyncflow export --dtype bfloat16``: a model trained in float32 written in bfloat16,
+    from the final export and from a checkpoint; the run's own final/ stays float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out, published, _ = run
+    for args, where in ((), "final export"), (("--step", "2"), "checkpoint step_2"):
+        dst = str(tmp_path / f"bf16{len(args)}")
+        rc, text = _cli(capsys, "export", out, "-o", dst, "--dtype", "bfloat16", *args)
+        assert rc == 0, text
+        assert f"({where}, bfloat16): {dst}/policy" in text.replace(f"step {STEPS}, ", "").replace(
+            "step 2, ", "")
+        got = os.path.join(dst, "policy")
+        assert all(t.dtype == torch.bfloat16 for t in _weights(got).values())
+        assert json.load(open(os.path.join(got, "config.json")))["dtype"] == "bfloat16"
+        assert json.load(open(os.path.join(got, export.INFO)))["dtype"] == "bfloat16"
+        assert AutoModelForCausalLM.from_pretrained(got).dtype == torch.bfloat16
+    final = _weights(os.path.join(out, "final", "policy"))
+    assert final["model.norm.weight"].dtype == torch.float32
+    assert torch.equal(_weights(os.path.join(str(tmp_path / "bf160"), "policy"))["model.norm.weight"],
+                       published["model.norm.weight"].to(torch.bfloat16))
+    rc, text = _cli(capsys, "export", out, "-o", str(tmp_path / "x"), "--dtype", "fp8")
+    assert rc == 2 and "fp8" in text and "Traceback" not in text
+
+
+@pytest.mark.engine
 def test_write_hf_critic_and_dtype(tmp_path):
     """A critic's export: the base model in its dtype plus value_head.safetensors."""
     import torch

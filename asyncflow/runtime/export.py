@@ -215,11 +215,12 @@ def copy_final(src: str, out: str) -> str:
 
 # ------------------------------------------------------------------ asyncflow export RUN_DIR
 def export_run(run_dir: str, step: int | None = None, out: str | None = None,
-               force: bool = False) -> dict:
+               force: bool = False, dtype: str | None = None) -> dict:
     """``asyncflow export``: every trained model of ``run_dir`` from checkpoint ``step``
     (default: the final export where the run finished, else the newest complete checkpoint)
-    into ``out/<model>`` (default ``RUN_DIR/export/step_N``). Returns ``{"step", "source",
-    "out", "models": {model: {"dir", "dtype"}}}``. User errors AF660-AF664."""
+    into ``out/<model>`` (default ``RUN_DIR/export/step_N``), in ``dtype`` (default: the
+    model's ``dtype:``; e.g. bfloat16 to serve a model trained in float32). Returns ``{"step",
+    "source", "out", "models": {model: {"dir", "dtype"}}}``. User errors AF660-AF664."""
     from asyncflow.runtime import checkpoint
 
     if not os.path.isdir(run_dir):
@@ -261,9 +262,15 @@ def export_run(run_dir: str, step: int | None = None, out: str | None = None,
     if source == "final":
         models = {}
         for model, d in done.items():
-            dst = os.path.join(out, model)
-            copy_final(d, dst)
-            models[model] = {"dir": dst, "dtype": _read_info(d).get("dtype", "float32")}
+            dst, info = os.path.join(out, model), _read_info(d)
+            if dtype and dtype != info.get("dtype", "float32"):  # recast, as a checkpoint is
+                try:
+                    from_checkpoint(d, dst, dtype, info)
+                except Unreadable as e:
+                    raise _err("AF662", run_dir=run_dir, what="final", why=str(e)) from None
+            else:
+                copy_final(d, dst)
+            models[model] = {"dir": dst, "dtype": dtype or info.get("dtype", "float32")}
         return {"step": step, "source": "final", "out": out, "models": models}
     ck = os.path.join(checkpoint.root(run_dir), source)
     why = checkpoint.problem(ck)
@@ -284,15 +291,15 @@ def export_run(run_dir: str, step: int | None = None, out: str | None = None,
             raise _err("AF664", run_dir=run_dir,
                        why=f"the engine of task '{task}' ({engine}) saved no model in {source} "
                            f"(no config.json in {src})")
-        dtype = dtype_of(plan, model)
+        cast = dtype or dtype_of(plan, model)
         dst = os.path.join(out, model)
         try:
-            from_checkpoint(src, dst, dtype, {"source": "checkpoint", "run_dir":
+            from_checkpoint(src, dst, cast, {"source": "checkpoint", "run_dir":
                                               os.path.abspath(run_dir), "checkpoint": source,
                                               "task": task, "model": model, "version": int(step)})
         except Unreadable as e:
             raise _err("AF662", run_dir=run_dir, what=source, why=str(e)) from None
-        models[model] = {"dir": dst, "dtype": dtype}
+        models[model] = {"dir": dst, "dtype": cast}
     return {"step": step, "source": source, "out": out, "models": models}
 
 
