@@ -42,9 +42,12 @@ def located(spec, e: SourceError | PromptError):
 
 def lost_spans(text: str, back: str) -> list[tuple[str, str]]:
     """``(was, became)`` for each span of ``text`` that ``back`` (its ids spelled back) lost or
-    changed; a change of white space only is not a loss (tokenizers normalise spaces)."""
+    changed; a change of white space only is not a loss (tokenizers normalise spaces), nor is
+    Unicode compatibility normalisation (NFKC: a tokenizer that reads "ｱ" as "ア" keeps it)."""
     import difflib
+    import unicodedata
 
+    text, back = (unicodedata.normalize("NFKC", x) for x in (text, back))
     ops = difflib.SequenceMatcher(None, text, back, autojunk=False).get_opcodes()
     return [(text[i1:i2], back[j1:j2]) for op, i1, i2, j1, j2 in ops
             if op in ("delete", "replace") and text[i1:i2].strip()]

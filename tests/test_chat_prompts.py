@@ -373,3 +373,14 @@ def test_a_token_added_to_the_tokenizer_but_not_to_the_model_is_af658(tmp_path):
         eng.generate({"prompt": ["What is 2+3? <|tool|>"]})
     assert e.value.code == "AF658" and e.value.loc == "p.yaml:3:11"
     assert e.value.fields["rows"] == len(tok) - 1 and e.value.fields["id"] == len(tok) - 1
+
+
+def test_the_round_trip_names_lost_characters_and_forgives_normalisation():
+    from asyncflow.prompts import lost_spans, round_trip_error
+
+    assert lost_spans("<s>[user] Hi", "<s>use Hi") == [("[", ""), ("r]", "")]
+    e = round_trip_error("<s>[user] Hi", "<s>use Hi")
+    assert e.code == "AF655" and e.fields["chars"] == "'[', ']', 'r'"
+    assert round_trip_error("a  b\n", "a b") is None  # white space only
+    assert round_trip_error("\uff71\uff72 \ufb01", "\u30a2\u30a4 fi") is None  # NFKC forms
+    assert round_trip_error("Caf\u00e9", "Caf?") is not None
