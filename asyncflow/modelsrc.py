@@ -27,6 +27,7 @@ chat template (:func:`has_chat_template`), and whether a prompt value is a chat
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -237,6 +238,37 @@ class TemplateRejects(Exception):
     """A chat template's own ``raise_exception(message)`` refused a prompt."""
 
 
+@functools.lru_cache(maxsize=8)
+def _saved_tokenizer(directory: str, mtime: float):
+    """``(tokenizer, special tokens, template())`` of the tokenizer saved in ``directory``, read
+    once per directory (and file time): ``check`` spells the first row of every data source
+    back through it (a hub tokenizer.json takes a fraction of a second to read). ``template()``
+    compiles the chat template, in a sandbox as transformers does, when first asked for."""
+    from tokenizers import Tokenizer
+
+    d = Path(directory)
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    cfg = json.loads((d / "tokenizer_config.json").read_text()) \
+        if (d / "tokenizer_config.json").is_file() else {}
+    special = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in cfg.items()
+               if k.endswith("_token") and isinstance(v, (str, dict))}
+
+    @functools.lru_cache(maxsize=1)
+    def template():
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def fail(msg):
+            raise TemplateRejects(str(msg))
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[loopcontrols])
+        env.globals["raise_exception"] = fail
+        return env.from_string(_chat_template(d) or "")
+
+    return tok, special, template
+
+
 def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
     """``(text, back)``: a prompt value as the tokenizer saved in ``directory`` sees it (a chat
     rendered with its template and the generation prompt, a string as is) and that text encoded
@@ -248,25 +280,10 @@ def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
     ``raise_exception`` refuses the chat (``check``'s AF349: e.g. "System role not supported")."""
     d = Path(directory)
     try:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
-        cfg = json.loads((d / "tokenizer_config.json").read_text()) \
-            if (d / "tokenizer_config.json").is_file() else {}
+        tok, special, template = _saved_tokenizer(str(d), (d / "tokenizer.json").stat().st_mtime)
         if is_chat(prompt):
-            from jinja2.ext import loopcontrols
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def fail(msg):
-                raise TemplateRejects(str(msg))
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[loopcontrols])
-            env.globals["raise_exception"] = fail
-            special = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in cfg.items()
-                       if k.endswith("_token") and isinstance(v, (str, dict))}
-            text = env.from_string(_chat_template(d) or "").render(
-                messages=[dict(m) for m in prompt], add_generation_prompt=True, **special)
+            text = template().render(messages=[dict(m) for m in prompt],
+                                     add_generation_prompt=True, **special)
             ids = tok.encode(text, add_special_tokens=False).ids
         else:
             text = str(prompt)
