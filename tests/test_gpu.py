@@ -112,3 +112,62 @@ def test_vllm_rollout_on_the_gpu(tmp_path):
     pytest.importorskip("vllm")
     _, rows, workers = _run(tmp_path, "grpo_digits_vllm.yaml", "--steps", "10")
     assert len([r for r in rows if "reward_mean" in r]) == 10
+
+
+def test_your_model_on_the_gpu(tmp_path):
+    """examples/your_model on the GPU, as a user brings it: a BPE chat checkpoint and chat data,
+    bfloat16, top_k sampling that stops at the template's turn end, LoRA on the learner, eval,
+    then ``export --dtype float16`` that loads with transformers on ``cuda`` and samples."""
+    import shutil
+
+    import yaml
+
+    pytest.importorskip("peft")
+    ex = tmp_path / "your_model"
+    shutil.copytree(ROOT / "examples" / "your_model", ex,
+                    ignore=shutil.ignore_patterns("ckpt", "data", "__pycache__"))
+    r = subprocess.run([sys.executable, "make_model.py"], cwd=ex, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = yaml.safe_load((ex / "pipeline.yaml").read_text())
+    if torch.cuda.device_count() < 2:  # its two pools need two GPUs: everything on one
+        doc["pools"] = {"gpu": {"devices": 1}}
+        for task in doc["tasks"].values():
+            if "pool" in task:
+                task["pool"] = "gpu"
+    doc["models"]["actor"]["dtype"] = "bfloat16"
+    doc["models"]["actor"]["lora"] = {"r": 8}
+    doc["tasks"]["sampler"]["args"]["top_k"] = 20
+    doc["eval"]["every"] = 2
+    (ex / "pipeline.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "run"
+    cli = [sys.executable, "-m", "asyncflow.cli"]
+    r = subprocess.run([*cli, "run", str(ex / "pipeline.yaml"), "--out", str(out), "--quiet",
+                        "--device-kind", "gpu", "--steps", "4", "--log-samples", "1"],
+                       capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "torch sees no CUDA device" not in r.stderr
+    workers = json.loads((out / "workers.json").read_text())
+    assert all(str(workers[w]["device"]).startswith("cuda") for w in ("sampler/0", "learner/0"))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len([x for x in rows if "reward_mean" in x]) == 4
+    assert [x["eval/version"] for x in rows if "eval/score" in x][:1] == [0]
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples and samples[0]["prompt"].endswith("<|im_start|>assistant\n")
+    assert all("<|im_end|>" not in s["completion"] for s in samples if isinstance(s.get("completion"), str))
+    r = subprocess.run([*cli, "export", str(out), "-o", str(tmp_path / "served"), "--dtype",
+                        "float16"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    served = tmp_path / "served" / "actor"
+    tok = AutoTokenizer.from_pretrained(served)
+    model = AutoModelForCausalLM.from_pretrained(served).to("cuda")
+    assert model.dtype == torch.float16
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}],
+                                  add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True).to("cuda")
+    with torch.no_grad():
+        gen = model.generate(**ids, do_sample=True, top_k=20, max_new_tokens=4,
+                             pad_token_id=tok.pad_token_id)
+    assert 1 <= gen.shape[1] - ids["input_ids"].shape[1] <= 4
