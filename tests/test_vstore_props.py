@@ -3,7 +3,7 @@ in-process :class:`~asyncflow.runtime.store.local.SampleStore`: one random histo
 operation the simulator and the loops use (adds with and without inputs and versions, writes,
 plain / whole-group / filtered / version-bounded / windowed reads, split reads, acks with
 outputs, partial acks and releases, drops, expiries on a fake clock, renewals, revokes, gc) is
-applied to both, and every answer, lease (rows and values), pending count, stats dict,
+applied to both, and every answer, lease (rows and values), pending count (below a row too), stats dict,
 consumption order and snapshot must be the same. The contract suite
 (``tests/test_store_contract.py``) runs its rule-by-rule tests on VStore as well."""
 from __future__ import annotations
@@ -171,6 +171,8 @@ def test_vstore_gives_the_same_answers_as_the_sample_store(ops):
             both(stores, lambda s: s.gc())
         for t in ("t0", "t1"):
             both(stores, lambda s: s.pending(t))
+            for below, cap in ((n_rows // 2, 3), (n_rows // 2, 1000), (n_rows + 1, 1000)):
+                both(stores, lambda s: s.pending_below(t, below, cap))
         both(stores, lambda s: s.stats())
     # drain: every lease acked (t0's with its output), then t1 reads and acks what it can
     for pair in leases:

@@ -333,8 +333,7 @@ class VStore(VLeases, StoreBase):
         def select():
             ok = self._ok(min_version, filter_fn)
             if ok is None:  # count first: pop only the rows it leases (a trainer reads often)
-                elig = t.elig
-                k = len(elig) if max_row is None else sum(1 for r in elig if r < max_row)
+                k = len(t.elig) if max_row is None else t.count_below(max_row, n)
                 cut = n if k >= n else k // split * split
                 return (t.pop_lowest(cut, max_row, None) if cut else []), True
             rows = t.pop_lowest(n, max_row, ok)
@@ -376,6 +375,9 @@ class VStore(VLeases, StoreBase):
 
     def _n_ready(self, t: VTask) -> int:
         return len(t.elig)
+
+    def _n_ready_below(self, t: VTask, max_row: int, cap: int) -> int:
+        return t.count_below(max_row, cap)
 
     def gc(self) -> int:
         """Free the values of rows every task consumed (or that were dropped) and no lease

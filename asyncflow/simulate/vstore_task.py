@@ -136,6 +136,28 @@ class VTask:
             heappush(heap, r)
         return out
 
+    def count_below(self, max_row: int, cap: int) -> int:
+        """How many eligible rows are below ``max_row``, counted up to ``cap``, without popping:
+        the heap's entries below ``max_row`` are the subtree of its root that holds them (an
+        entry's children are not lower), so only those are visited, not every eligible row."""
+        heap, elig = self.heap, self.elig
+        size = len(heap)
+        seen: set[int] = set()
+        stack = [0] if size else []
+        while stack and len(seen) < cap:
+            i = stack.pop()
+            r = heap[i]
+            if r >= max_row:
+                continue
+            if r in elig:
+                seen.add(r)
+            j = 2 * i + 1
+            if j < size:
+                stack.append(j)
+                if j + 1 < size:
+                    stack.append(j + 1)
+        return len(seen)
+
     def unpop(self, rows: list[int]) -> None:
         """Put back rows :meth:`pop_lowest` gave that were not leased."""
         for r in rows:

@@ -97,13 +97,19 @@ class SimWorker(Loop):
             and read.unit > 1 and self.st.samples_per_prompt == read.unit else 0
         self.fill: dict[int, int] = {}
 
-    def _missed(self, min_rows: int) -> None:
-        """A read of at least ``min_rows`` rows found too few: wait for that many more (a
-        reader of whole groups: for one more group written whole)."""
+    def _missed(self, min_rows: int, max_row: int | None = None) -> None:
+        """A read of at least ``min_rows`` rows (below ``max_row``) found too few: wait for that
+        many more (a reader of whole groups: for one more group written whole). Rows at or past
+        ``max_row`` (a trainer's next step) do not count as ready for it."""
         self.waiting = True
         self.fresh = 0
-        self.need = 1 if min_rows <= 1 or self.unit else max(
-            1, int(min_rows) - self.store.pending(self.task.name))
+        if min_rows <= 1 or self.unit:
+            self.need = 1
+            return
+        below = getattr(self.store, "pending_below", None)
+        ready = (below(self.task.name, max_row, int(min_rows)) if max_row is not None
+                 and below is not None else self.store.pending(self.task.name))
+        self.need = max(1, int(min_rows) - ready)
 
     def _drained(self, asked: int, got: int) -> None:
         """A read took every row there was (fewer than it asked for): the next read can find
@@ -179,7 +185,7 @@ class _StepReader:
     def lease_step(self, want: int, *, step: int, min_rows: int, **kw) -> list:
         leases = super().lease_step(want, step=step, min_rows=min_rows, **kw)
         if not leases:
-            self._missed(min_rows)
+            self._missed(min_rows, kw.get("max_row"))
         return leases
 
 

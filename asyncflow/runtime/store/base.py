@@ -15,7 +15,7 @@ the plain-data frame of a snapshot. Each store supplies the parts that differ, o
 - methods: ``_positions(rows)``, ``_write_pos(pos, columns)``, ``_consume(task, pos, rows)``,
   ``_part(rec, rows)`` and ``_shrink(rec, keep)`` (a lease's partial ack or release),
   ``_unhold(task, pos)`` (held rows go back unconsumed), ``_new_task(name, inputs)``, and the
-  counts ``_n_rows()``, ``_n_freed()``, ``_n_ready(task)``.
+  counts ``_n_rows()``, ``_n_freed()``, ``_n_ready(task)``, ``_n_ready_below(task, max_row, cap)``.
 """
 from __future__ import annotations
 
@@ -238,6 +238,12 @@ class StoreBase:
         """Rows eligible for ``task`` right now (ready, not consumed, leased or dropped)."""
         with self._cv:
             return self._n_ready(self._task(task))
+
+    def pending_below(self, task: str, max_row: int, cap: int) -> int:
+        """:meth:`pending`'s rows below ``max_row``, at most ``cap`` (the simulator's
+        trainer waits for its step's rows: the next step's, eligible too, do not count)."""
+        with self._cv:
+            return self._n_ready_below(self._task(task), int(max_row), int(cap))
 
     def stats(self) -> dict:
         with self._cv:

@@ -209,6 +209,9 @@ class SampleStore(Reads, Leases, StoreBase):
     def _n_ready(self, t: TaskMarks) -> int:
         return int(len(self._eligible(t, None, None)))
 
+    def _n_ready_below(self, t: TaskMarks, max_row: int, cap: int) -> int:
+        return min(int(cap), int(len(self._eligible(t, max_row, None, limit=cap))))
+
     def gc(self) -> int:
         """Free the values of rows every registered task has consumed (or that were dropped) and
         no lease holds; indices, groups, versions and marks stay. Returns rows newly freed."""
