@@ -95,11 +95,14 @@ tasks:
 SCHEDULING_TAIL = """A step launches `ceil(prompts_per_step * redundancy)` groups, with the largest redundancy
 among the rollouts on a model some train task updates (a rollout's `queue` requests are single
 samples: a group's samples are independent requests spread over the replicas). `first_ready` is
-ROLL Flash's sample buffer; with `max_staleness: 0` it takes what `in_order` takes. A
-`first_ready` trainer with `stream: true` leases step n + 1's first micro-batch while its device
-computes step n's last one (the READ op's `ahead` rows in the plan), so the store calls between
+ROLL Flash's sample buffer; with `max_staleness: 0` it takes what `in_order` takes. A trainer
+with `stream: true` whose device computes beside its loop (a GPU plan; the sim engine) reads
+step n + 1's first rows while its device computes step n's last micro-batch (the READ op's
+`ahead` rows in the plan): `first_ready` its first micro-batch, `in_order` (one replica, no
+redundancy, `max_staleness` > 0) what its first read of step n + 1's window would take -- on
+Ray on a thread of its own, while the step publishes and reports -- so the store calls between
 two steps cost no device time; those rows are held to step n + 1's staleness bound, as any of
-its reads.
+its reads. A torch engine on CPU computes in the loop's own thread: it does not read ahead.
 
 `asyncflow compile FILE` shows each task's scheduling and the groups a step launches; the plan
 (`--json`) carries the keys with their defaults filled in (`tasks[].schedule`, `redundancy`,

@@ -284,19 +284,28 @@ def test_a_refilling_filter_that_drops_everything_is_af635_not_a_hang(tmp_path):
     assert str(e.value).startswith("AF635") and "'keep' (" in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("consume,stream,ahead", [("first_ready", "true", 4),
-                                                  ("first_ready", "false", 0),
-                                                  ("in_order", "true", 0)])
-def test_the_plan_says_how_many_rows_a_streaming_first_ready_trainer_reads_ahead(consume, stream,
-                                                                               ahead):
+@pytest.mark.parametrize("consume,stream,extra,ahead", [
+    ("first_ready", "true", [], 4),  # one micro-batch
+    ("first_ready", "false", [], 0),
+    ("in_order", "true", [], 8),  # its first read: micro_batch x per_read (the step's 2)
+    ("in_order", "false", [], 0),
+    ("in_order", "true", ["sync.0.max_staleness=0"], 0),  # nothing of step n + 1 is ready
+    ("in_order", "true", ["tasks.generate.redundancy=1.5"], 0),  # its window is chosen
+])
+def test_the_plan_says_how_many_rows_a_streaming_trainer_reads_ahead(consume, stream, extra,
+                                                                     ahead):
     plan = compile_file(LONGTAIL, sets=SMALL + [f"tasks.update.consume={consume}",
-                                                f"tasks.update.stream={stream}"])
+                                                f"tasks.update.stream={stream}"] + extra)
     reads = [o for w in plan.workers if w.task == "update" for o in w.ops if o.kind == "READ"]
     assert reads and {o.ahead for o in reads} == {ahead}
 
 
-def test_a_streaming_first_ready_trainer_leases_the_next_step_while_the_last_computes(tmp_path):
-    """op.ahead: step n + 1's first micro-batch is leased before step n publishes (while the
+@pytest.mark.parametrize("consume,backend", [
+    ("first_ready", "local"), ("in_order", "local"),
+    pytest.param("in_order", "ray", marks=pytest.mark.ray)])  # on Ray: the reader thread
+def test_a_streaming_trainer_leases_the_next_step_while_the_last_computes(tmp_path, consume,
+                                                                          backend):
+    """op.ahead: step n + 1's first rows are leased before step n publishes (while the
     device computes step n's last micro-batch), and trained in step n + 1, within alpha."""
     # trainer-bound (8 samples x 20 ms a step; rollouts of ~5 ms): by the time a step hands
     # over its last micro-batch, the next step's rows have long been generated, even on a
@@ -305,7 +314,7 @@ def test_a_streaming_first_ready_trainer_leases_the_next_step_while_the_last_com
         "tasks.generate.args.latency={dist: lognormal, median: 0.005, sigma: 0.5, max: 0.05, "
         "seed: 3}", "tasks.update.args.seconds_per_sample=0.02",
         "tasks.update.args.time_scale=1.0", "sync.0.max_staleness=1",
-        "tasks.update.consume=first_ready"], steps=5)
+        f"tasks.update.consume={consume}"], steps=5, backend=backend)
     trained = _check_invariants(plan, result, steps_rows, whole_steps=True)
     assert len(trained) == 5 * plan.step.samples_per_step
     with open(tmp_path / "run" / "trace.json") as f:

@@ -55,9 +55,11 @@ def test_plan_says_how_many_micro_batches_a_read_takes():
 
 
 def with_per_read(plan, k: int):
-    """``plan`` with every micro-batch READ's ``per_read`` set to ``k``."""
+    """``plan`` with every micro-batch READ's ``per_read`` set to ``k`` (and an in_order
+    read-ahead, ``ahead``, to the first read it stands for: ``rows`` x ``k``)."""
     workers = [dataclasses.replace(w, ops=[
-        dataclasses.replace(o, per_read=k) if o.granularity == "micro_batch" else o
+        dataclasses.replace(o, per_read=k, ahead=o.rows * k if o.ahead else 0)
+        if o.granularity == "micro_batch" else o
         for o in w.ops]) for w in plan.workers]
     return dataclasses.replace(plan, workers=workers)
 

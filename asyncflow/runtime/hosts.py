@@ -1,12 +1,14 @@
 """Where a worker (:class:`asyncflow.runtime.worker.Worker`) runs, and what differs there: a
 thread of the driver's process (the local backend) or a thread of a Ray actor's process -- its
-node, how an injected kill kills it, and whether a trainer's calls that need no answer go out
-on a courier thread (:mod:`asyncflow.runtime.courier`).
+node, how an injected kill kills it, whether a trainer's calls that need no answer go out
+on a courier thread (:mod:`asyncflow.runtime.courier`), and whether its read of the next step's
+rows is made on a thread of its own while it computes (``reader``).
 """
 from __future__ import annotations
 
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 from asyncflow.runtime.courier import Courier
 from asyncflow.runtime.signals import Crash
@@ -30,6 +32,10 @@ class ThreadHost:
         (a thread's calls to the in-process store and control take microseconds)."""
         return None
 
+    def reader(self, name: str) -> ThreadPoolExecutor | None:
+        """Where a trainer's read of the next step goes (``Loop.fetch``): None, made at once."""
+        return None
+
 
 class RayHost(ThreadHost):
     """A thread of a Ray actor's process (the ray backend)."""
@@ -48,3 +54,8 @@ class RayHost(ThreadHost):
     def courier(self, name: str) -> Courier | None:
         """A courier thread: each actor call is a round trip of milliseconds."""
         return Courier(name)
+
+    def reader(self, name: str) -> ThreadPoolExecutor | None:
+        """A thread of its own: the store call (a round trip of milliseconds, more while the
+        cores are busy) runs while the loop publishes and reports the step before."""
+        return ThreadPoolExecutor(1, thread_name_prefix=f"asyncflow-reader:{name}")

@@ -161,6 +161,16 @@ class Worker(Loop):
         self.courier = self.host.courier(worker_id) if self.loop == "train" else None
         if self.courier is not None:
             self.send = self.courier.send
+        # and its read of the next step's rows (in_order read-ahead) on a thread of its own
+        self.reader = self.host.reader(worker_id) if self.loop == "train" else None
+
+    def fetch(self, fn, *args, **kwargs):
+        if self.reader is None:
+            return super().fetch(fn, *args, **kwargs)
+        return self.reader.submit(fn, *args, **kwargs)
+
+    def fetches(self) -> bool:
+        return self.reader is not None
 
     # ------------------------------------------------------------------ control plane
     def kill(self) -> None:
@@ -211,6 +221,8 @@ class Worker(Loop):
             return self._run()
         finally:
             self._beat_stop.set()
+            if self.reader is not None:  # a read ahead of a step that never came is not waited for
+                self.reader.shutdown(wait=False)
             close = getattr(self.engine, "close", None)  # an engine's files, its device memory
             if close is not None:
                 try:

@@ -21,7 +21,10 @@ WRITE lowering). Two separate functions build it:
      costing more than the wait for a first micro-batch); a streaming ``first_ready`` trainer
      leases step n + 1's first micro-batch while its device computes step n's last (``ahead``
      rows: the step boundary's store calls are hidden behind device time, not added to it; the
-     staleness bound is step n + 1's either way); ``step`` -- one whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
+     staleness bound is step n + 1's either way), and a streaming ``in_order`` trainer (one
+     replica, no redundancy, max_staleness > 0) the ready rows of step n + 1's window that its first read would
+     take (``ahead`` = ``rows`` x ``per_read``) -- where its device computes while the loop
+     reads (a GPU plan, or the sim engine; :func:`overlaps_reads`); ``step`` -- one whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
      per lease (its whole batch: one store call fills every free slot); a train READ holds
      its lease for the whole step (``lease_s``);
   2. COMPUTE and WRITE follow the READ (outputs stream as soon as they exist), except a train
@@ -177,6 +180,16 @@ def sync_via(graph: Graph, src: str, dst: str, defn, backend: str) -> str:
     return "collective" if backend == "ray" and tensors else "store"
 
 
+def overlaps_reads(graph: Graph, d) -> bool:
+    """Rule 1's read-ahead: whether a trainer's device computes while its loop reads -- on a
+    GPU (kernels run asynchronously) or an engine on no device (sim: modelled time). A torch
+    engine on CPU computes in the loop's own thread: a read ahead would only come earlier, before
+    the step publishes (measured on the main job: no faster, a longer tail)."""
+    placement = graph.g.graph.get("placement") or {}
+    return placement.get("device_kind") == "GPU" or not capabilities(
+        d.engine, load=False).uses_device
+
+
 def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str, int],
                     grans: list[tuple[str, int]]) -> list[Op]:
     """Rules 1-6 of the module docstring, applied to a naive op list (a new list).
@@ -195,8 +208,16 @@ def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str
                 a = sync_alpha.get(d.model or "", 0)
                 new["note"] = (f"first ready rows of any step with step - version <= {a}; "
                                "too stale: dropped and replaced")
-                if train and sched["stream"] and read["granularity"] == "micro_batch":
+                if (train and sched["stream"] and read["granularity"] == "micro_batch"
+                        and overlaps_reads(graph, d)):
                     new["ahead"] = read["rows"]  # rule 1: the next step's first micro-batch
+            elif (train and sched["stream"] and read["granularity"] == "micro_batch"
+                  and overlaps_reads(graph, d) and d.replicas <= 1
+                  and launch_groups(graph) <= graph.pipeline.step.prompts_per_step
+                  and max((e.max_staleness for e in graph.pipeline.sync if e.src == task),
+                          default=0) > 0):  # alpha 0: step n + 1's rows wait for its weights
+                # rule 1, in_order: the next step's first read (what is ready of its window)
+                new["ahead"] = read["rows"] * max(1, read.get("per_read", 1))
         elif op.kind == "COMPUTE" and train and sched["stream"]:  # rule 2, streaming
             mb = micro_batch(graph, task)
             new.update(rows=mb, repeat=math.ceil(sps / mb),

@@ -13,6 +13,7 @@ a host subclasses :class:`Loop` and overrides them: :class:`asyncflow.runtime.wo
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from asyncflow import kinds
@@ -151,6 +152,22 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         step's ack and report): at once here; the Ray host hands it to its courier
         (:mod:`asyncflow.runtime.courier`)."""
         fn(*args)
+
+    def fetch(self, fn, *args, **kwargs) -> Future:
+        """Make a call whose answer the loop takes later (a trainer's read of the next step's
+        rows, made while it finishes this one): at once here, its answer (or exception) in a
+        done future; the Ray host makes it on a thread of its own (:meth:`fetches`)."""
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except Exception as e:  # noqa: BLE001 -- raised where the loop takes the answer
+            f.set_exception(e)
+        return f
+
+    def fetches(self) -> bool:
+        """Whether :meth:`fetch` runs beside the loop (then a read made through it may wait
+        for rows; made at once, it must not: the loop would wait before it publishes)."""
+        return False
 
     def check(self) -> None:
         """Raise :class:`~asyncflow.runtime.signals.Crash` when this worker was killed."""

@@ -51,17 +51,26 @@ class StepReads:
         micro-batches) in one store call (:meth:`SampleStore.get_split`). A trainer drops rows
         beyond its staleness bound (gate rule 4: counted, and replaced when ``staleness`` is a
         replaced reason) and reads again."""
+        leases = self.read_leases(want, min_rows=min_rows, split=split, timeout=timeout, **kw)
+        return self.take_leases(leases, step, kw)
+
+    def read_leases(self, want: int, *, min_rows: int, split: int | None = None,
+                    timeout: float | None = None, **kw) -> list:
+        """:meth:`lease_step`'s store call alone (no state of the loop: it may run on another
+        thread, :meth:`~asyncflow.runtime.loops.state.Loop.fetch`)."""
         if timeout is None:
             timeout = float(self.opt.get("train_read_timeout_s", 0.05))
         if split and split < want and not kw.get("whole_groups"):
             kw = {k: v for k, v in kw.items() if k not in ("whole_groups", "group_size")}
-            leases = self.store.get_split(self.task.name, want, split, min_rows=min_rows,
-                                          timeout=timeout, fields=self.fields, owner=self.id,
-                                          **kw)
-        else:
-            lease = self.store.get(self.task.name, want, min_rows=min_rows, timeout=timeout,
-                                   fields=self.fields, owner=self.id, **kw)
-            leases = [] if lease is None else [lease]
+            return self.store.get_split(self.task.name, want, split, min_rows=min_rows,
+                                        timeout=timeout, fields=self.fields, owner=self.id, **kw)
+        lease = self.store.get(self.task.name, want, min_rows=min_rows, timeout=timeout,
+                               fields=self.fields, owner=self.id, **kw)
+        return [] if lease is None else [lease]
+
+    def take_leases(self, leases: list, step: int, kw: dict) -> list:
+        """The leases a read of step ``step`` got, taken up by the loop (held; rows beyond a
+        trainer's staleness bound dropped, the leases given back and ``[]`` returned)."""
         if not leases:
             self.sync(force=True)  # learn of removals: the window may have moved
             return []
@@ -105,13 +114,16 @@ class StepReads:
                                **kw)
 
     def read_ahead(self, op: Op, step: int) -> None:
-        """A streaming ``first_ready`` trainer has handed its device step ``step - 1``'s last
-        micro-batch: lease up to ``op.ahead`` rows of step ``step`` now, without waiting (the
-        device computes meanwhile, so the step boundary's store calls cost no device time);
-        :meth:`step_reads` of step ``step`` starts with them. Rows too stale for step ``step``
-        are dropped as by any read of it."""
-        if (not op.ahead or step >= self.st.steps or self.follows
-                or self.consume != "first_ready" or self.sync()):
+        """A streaming trainer has handed its device step ``step - 1``'s last micro-batch:
+        lease up to ``op.ahead`` rows of step ``step`` now (the device computes meanwhile, so the
+        step boundary's store calls cost no device time); :meth:`step_reads` of step ``step``
+        starts with them. ``first_ready``: its lowest ready fresh-enough groups, without
+        waiting; ``in_order``: :meth:`read_window_ahead`. Rows too stale for step ``step`` are
+        dropped as by any read of it."""
+        if not op.ahead or step >= self.st.steps or self.follows or self.sync():
+            return
+        if self.consume != "first_ready":
+            self.read_window_ahead(op, step)
             return
         goal = self.st.prompts_per_step * self.st.samples_per_prompt
         got: list = []
@@ -124,6 +136,34 @@ class StepReads:
             self.rec.span("READ", len(lease.rows), t, version=step, step=step)
         if got:
             self.ahead[step] = got
+
+    def read_window_ahead(self, op: Op, step: int) -> None:
+        """in_order (one replica, no redundancy): the read of step ``step``'s window its first
+        read would make -- up to ``op.ahead`` rows, whole micro-batches of ``op.rows`` -- made
+        now through :meth:`~asyncflow.runtime.loops.state.Loop.fetch` (on Ray on a thread of
+        its own, waiting for rows as a step read does, while the loop publishes and reports);
+        :meth:`step_reads` of step ``step`` takes its leases up."""
+        g0 = self.next_group if self.st.replace else step * self.launch
+        g_end, live = self.windows.window(g0)
+        if not live:
+            return
+        kw = {"max_row": g_end * self.st.samples_per_prompt, "lease_s": op.lease_s or None}
+        fut = self.fetch(self.read_leases, min(len(live), op.ahead),
+                         min_rows=min(op.rows, len(live)), split=op.rows,
+                         timeout=None if self.fetches() else 0.0, **kw)
+        self.ahead[step] = (fut, kw, time.time())
+
+    def take_window_ahead(self, step: int) -> list:
+        """The leases :meth:`read_window_ahead` read for step ``step`` (``[]``: none), taken up
+        as any read's (:meth:`take_leases`); a failed read is raised here."""
+        fut, kw, t = self.ahead.pop(step)
+        got = fut.result()
+        if not got:  # nothing was ready: the step's first read is made as always
+            return []
+        leases = self.take_leases(got, step, kw)
+        for lease in leases:
+            self.rec.span("READ", len(lease.rows), t, version=step, step=step)
+        return leases
 
     def step_reads(self, op: Op, step: int, leases: list):
         """Lease step ``step``'s rows as they become ready, yielding each lease, or None after a
@@ -190,6 +230,11 @@ class StepReads:
             redundant = self.loop == "train" and self.launch > pps
             g0 = self.next_group if (self.st.replace or redundant) else step * self.launch
             have: set[int] = set()
+            if step in self.ahead:  # read while the last step computed
+                for lease in self.take_window_ahead(step):
+                    have.update(lease.rows)
+                    leases.append(lease)
+                    yield lease
             # the window's live rows are the same list until a removal: this replica's share
             # of them, their set and how many of them ``have`` holds are kept between reads
             # (not a pass over the whole window on every read)
