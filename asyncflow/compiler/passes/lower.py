@@ -22,10 +22,11 @@ WRITE lowering). Two separate functions build it:
      leases step n + 1's first micro-batch while its device computes step n's last (``ahead``
      rows: the step boundary's store calls are hidden behind device time, not added to it; the
      staleness bound is step n + 1's either way), and a streaming ``in_order`` trainer (one
-     replica, no redundancy, max_staleness > 0) the ready rows of step n + 1's window that its first read would
-     take (``ahead`` = ``rows`` x ``per_read``) -- where its device computes while the loop
-     reads (a GPU plan, or the sim engine; :func:`overlaps_reads`); ``step`` -- one whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk`` rows
-     per lease (its whole batch: one store call fills every free slot); a train READ holds
+     replica, no redundancy, max_staleness > 0) the ready rows of step n + 1's window that its
+     first read would take (``ahead`` = ``rows`` x ``per_read``) -- where its device computes
+     while the loop reads (a GPU plan, or the sim engine; :func:`overlaps_reads`); ``step`` --
+     one whole step. A continuous-batching rollout (kind loop ``serve``) pulls at most ``chunk``
+     rows per lease (its whole batch: one store call fills every free slot); a train READ holds
      its lease for the whole step (``lease_s``);
   2. COMPUTE and WRITE follow the READ (outputs stream as soon as they exist), except a train
      COMPUTE: one ``train_step`` per step on the whole step in row order -- or, for a streaming
@@ -180,6 +181,12 @@ def sync_via(graph: Graph, src: str, dst: str, defn, backend: str) -> str:
     return "collective" if backend == "ray" and tensors else "store"
 
 
+def accept_alpha(edges, task: str) -> int:
+    """Gate rule 4 for trainer ``task``: the largest ``max_staleness`` of its sync edges (0
+    without one: at alpha 0 nothing of step n + 1 is ready before its weights are)."""
+    return max((e.max_staleness for e in edges if e.src == task), default=0)
+
+
 def overlaps_reads(graph: Graph, d) -> bool:
     """Rule 1's read-ahead: whether a trainer's device computes while its loop reads -- on a
     GPU (kernels run asynchronously) or an engine on no device (sim: modelled time). A torch
@@ -214,8 +221,7 @@ def overlap_rewrite(graph: Graph, task: str, ops: list[Op], sync_alpha: dict[str
             elif (train and sched["stream"] and read["granularity"] == "micro_batch"
                   and overlaps_reads(graph, d) and d.replicas <= 1
                   and launch_groups(graph) <= graph.pipeline.step.prompts_per_step
-                  and max((e.max_staleness for e in graph.pipeline.sync if e.src == task),
-                          default=0) > 0):  # alpha 0: step n + 1's rows wait for its weights
+                  and accept_alpha(graph.pipeline.sync, task) > 0):  # 0: nothing is ready
                 # rule 1, in_order: the next step's first read (what is ready of its window)
                 new["ahead"] = read["rows"] * max(1, read.get("per_read", 1))
         elif op.kind == "COMPUTE" and train and sched["stream"]:  # rule 2, streaming
@@ -392,7 +398,7 @@ def worker_settings(g: Graph, order: list[str], syncs: list[SyncPlan], load: boo
         lags = [o.max_lag for o in ops if o.kind == "WAIT" and o.max_lag is not None]
         return {"loop": loop, "primary": primary, "chooses": chooses,
                 "gate_alpha": min(lags) if lags else None,
-                "accept_alpha": max((s.max_staleness for s in syncs if s.src == task), default=0),
+                "accept_alpha": accept_alpha(syncs, task),
                 "publish_every": max((int(s.publish_every or 1) for s in syncs if s.src == task),
                                      default=1),
                 "reward_field": reward if loop == "train" else None,
