@@ -29,8 +29,8 @@ tokenizer prepends ``<bos>``). Responses end at ``eos`` and are decoded without 
 A chat prompt for a tokenizer without a template is AF651, one its template refuses (its
 ``raise_exception``: "System role not supported") AF656. A prompt whose characters the
 tokenizer cannot encode (a byte-level BPE trained without the full byte alphabet, a vocabulary
-without ``[``) is AF655: :func:`asyncflow.prompts.check_round_trip` spells the ids back and names what was lost,
-where the silent alternative is a model that reads ``use`` for ``[user]``.
+without ``[``) is AF655: :func:`asyncflow.prompts.check_round_trip` spells the ids back and
+names what was lost, where the silent alternative is a model that reads ``use`` for ``[user]``.
 
 Loading is serialized process-wide (:data:`LOAD_LOCK`): colocated workers of one process build
 or read models at once, and transformers' lazy imports and torch's seeded draws must not

@@ -296,6 +296,5 @@ def spell_back(directory: str, prompt: Any) -> tuple[str, str] | None:
 
 
 __all__ = ["Source", "SourceError", "locate", "fetch", "is_chat", "has_chat_template", "spell_back",
-           "TemplateRejects", "own_code",
-           "DTYPES",
-           "DEFAULT_DTYPE", "KINDS", "HUB_ID", "cached_snapshot", "cache_dir", "hf_home", "offline"]
+           "TemplateRejects", "own_code", "DTYPES", "DEFAULT_DTYPE", "KINDS", "HUB_ID",
+           "cached_snapshot", "cache_dir", "hf_home", "offline"]

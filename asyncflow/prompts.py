@@ -12,7 +12,8 @@ from asyncflow.modelsrc import SourceError
 
 
 class PromptError(ValueError):
-    """A prompt the model cannot take: ``code`` (AF651, AF652, AF655-AF657) and the message's fields."""
+    """A prompt the model cannot take: ``code`` (AF651, AF652, AF655-AF657) and the message's
+    fields."""
 
     def __init__(self, code: str, **fields: Any):
         self.code, self.fields = code, fields

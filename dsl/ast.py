@@ -47,7 +47,8 @@ class ModelDef:
     frozen: bool = False
     dtype: str | None = None  # float32 | bfloat16 | float16 (None: the copied model's, else float32)
     lora: dict | None = None  # {r, alpha, dropout, target_modules}: train an adapter (asyncflow.lora)
-    trust_remote_code: bool | None = None  # run the checkpoint's own code (None: the copied model's)
+    # run the checkpoint's own code (None: the copied model's)
+    trust_remote_code: bool | None = None
     params: float | None = None  # parameters a sync moves (the simulator's transfer cost)
     loc: SourceLoc = _loc()
     locs: Mapping[str, SourceLoc] = _locs()

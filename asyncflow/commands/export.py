@@ -1,12 +1,12 @@
-"""``asyncflow export RUN_DIR [--step N] [-o DIR] [--force] [--dtype D]``: a run's trained models as Hugging
-Face directories (:func:`asyncflow.runtime.export.export_run`).
+"""``asyncflow export RUN_DIR [--step N] [-o DIR] [--force] [--dtype D]``: a run's trained models
+as Hugging Face directories (:func:`asyncflow.runtime.export.export_run`).
 
 Without ``--step``: the run's final export (``RUN_DIR/final``, written when the run reached its
 last step), else its newest complete checkpoint. With ``--step N``: checkpoint ``step_N`` (or the
 final export when N is the run's last step). Writes ``DIR/<model>/`` for every trained model
 (default ``DIR``: ``RUN_DIR/export/step_N``): config, safetensors weights in the model's
-``dtype`` (or ``--dtype``'s), tokenizer; no optimizer state. Needs torch and safetensors (the ``hf`` extra), imported
-only when it runs. Mistakes are AF660-AF664 (exit 2).
+``dtype`` (or ``--dtype``'s), tokenizer; no optimizer state. Needs torch and safetensors (the
+``hf`` extra), imported only when it runs. Mistakes are AF660-AF664 (exit 2).
 """
 from __future__ import annotations
 

@@ -131,7 +131,6 @@ class VLLMEngine:
     def _start(self):
         import torch
 
-
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
         import vllm

@@ -405,9 +405,9 @@ class Worker(Loop):
         messages for a tokenizer without a chat template (AF651) or a prompt that is neither
         text nor messages (AF652) or characters the tokenizer cannot encode (AF655: its ids do
         not spell the prompt back) or more tokens than the model takes (AF657) stop the run
-        before any step, located (``check`` finds them
+        before any step, located (``check`` finds AF651's and AF655's twins, AF346 and AF348,
         where the model's tokenizer files can be read; a ``module:factory`` model's only here).
-        ``chat_sample``: the driver's first data row, its non-text values."""
+        ``chat_sample``: the driver's first data row, its text and chat values."""
         sample = self.opt.get("chat_sample") or {}
         tok = getattr(self.engine, "tokenizer", None)
         if not sample or tok is None:
