@@ -107,6 +107,22 @@ def test_key_random_is_keyed_and_uniform():
     assert u.shape == (3, 4) and (u >= 0).all() and (u < 1).all()
 
 
+def test_a_lognormal_row_latency_is_the_generators_draw_bit_for_bit():
+    from asyncflow.costmodel import Distribution
+    from asyncflow.engines.sim_draws import KeyRandom, row_latency
+
+    specs = [{"dist": "lognormal", "median": 5.0, "sigma": 1.0, "max": 60.0, "seed": 5},
+             {"dist": "lognormal", "median": 0.02, "sigma": 2.5, "seed": 17},
+             {"dist": "lognormal", "median": 1.0, "sigma": 0.0, "seed": 0}]
+    rows = list(range(3000)) + [2 ** 40 + 7, 2 ** 62]
+    for spec in specs:
+        d = Distribution.from_spec(spec)
+        drawn = [row_latency(d, r) for r in rows]
+        assert drawn == [max(0.0, d.sample(KeyRandom(f"latency:{d.seed}:{r}"))) for r in rows]
+    capped = Distribution.from_spec(specs[0])
+    assert max(row_latency(capped, r) for r in rows) == 60.0  # the cap applies
+
+
 def test_sim_outputs_do_not_depend_on_the_batch():
     from asyncflow.engines.base import EngineSpec
     from asyncflow.engines.sim import SimEngine

@@ -153,6 +153,9 @@ class Simulation:
         for w in self.workers:
             self.by_task.setdefault(w.task.name, []).append(w)
         self.readers = _last_writers(plan)
+        # task -> the workers its writes may wake (of the tasks in readers)
+        self.woken = {t: [w for r in rs for w in self.by_task.get(r, ())]
+                      for t, rs in self.readers.items()}
         sources = {f for d in plan.data for f in d.fields}
         self.source_readers = [t.name for t in plan.tasks if set(t.inputs) & sources]
         self.source_fields = sorted(sources) or ["prompt"]
@@ -203,21 +206,20 @@ class Simulation:
         last read lacked have been written -- for a reader of whole groups, once a group has
         had a write to each of its rows (an over-count only costs a read; the group of row r
         is r // samples_per_prompt, as the feed numbers them)."""
-        for r in self.readers.get(task, ()):
-            for w in self.by_task.get(r, ()):
-                if w.unit:
-                    for row in rows:
-                        g = row // w.unit
-                        k = w.fill.get(g, 0) + 1
-                        if k >= w.unit:
-                            w.fill.pop(g, None)
-                            w.fresh += w.unit
-                        else:
-                            w.fill[g] = k
-                else:
-                    w.fresh += len(rows)
-                if w.waiting and w.fresh >= w.need:
-                    self.soon(w.poke)
+        for w in self.woken.get(task, ()):
+            if w.unit:
+                for row in rows:
+                    g = row // w.unit
+                    k = w.fill.get(g, 0) + 1
+                    if k >= w.unit:
+                        w.fill.pop(g, None)
+                        w.fresh += w.unit
+                    else:
+                        w.fill[g] = k
+            else:
+                w.fresh += len(rows)
+            if w.waiting and w.fresh >= w.need:
+                self.soon(w.poke)
 
     def released(self, task: str) -> None:
         self.wake(task)

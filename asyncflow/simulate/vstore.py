@@ -94,6 +94,20 @@ class VStore(VLeases, StoreBase):
                 if rr not in elig:
                     t.add(rr, group[p])
 
+    def _recheck_one(self, t: VTask, p: int) -> None:
+        """:meth:`_recheck` of one position (a serve loop's write of one sample)."""
+        readies = t.readies
+        if readies is None:
+            return self._recheck(t, (p,))
+        if t.consumed[p] or t.held[p] or self._dropped[p]:
+            return
+        for r in readies:
+            if not r[p]:
+                return
+        rr = self._row[p]
+        if rr not in t.elig:
+            t.add(rr, self._group[p])
+
     # ------------------------------------------------------------------ writing
     def _new_task(self, task: str, inputs: tuple[str, ...]) -> None:
         t = self._tasks[task] = VTask(task, inputs, len(self._row))
@@ -221,9 +235,8 @@ class VStore(VLeases, StoreBase):
             col[p] = x
             ready_of[f][p] = 1
             touched += readers.get(f, ())
-        pos = (p,)
         for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
-            self._recheck(t, pos)
+            self._recheck_one(t, p)
         self._changed()
 
     def _new_field(self) -> None:
@@ -302,10 +315,11 @@ class VStore(VLeases, StoreBase):
             owner: str | None = None) -> Lease | None:
         if timeout <= 0 and not whole_groups and filter_fn is None and min_version is None:
             with self._cv:  # the simulator's reads: the lowest rows, now or never
-                t = self._task(task)
+                t = self._tasks.get(task) or self._task(task)
                 now = self._clock()
-                self._expire_locked(now)
-                need = max(int(min_rows), 1)
+                if self._heap:
+                    self._expire_locked(now)
+                need = int(min_rows) if min_rows > 1 else 1
                 if len(t.elig) < need:
                     return None
                 rows = t.pop_lowest(n, max_row, None)

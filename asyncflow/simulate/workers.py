@@ -255,19 +255,26 @@ class BatchWorker(_Writes, _StepReader, SimWorker):
         if kind == "COMPUTE":
             self.waiting = False
             rows = it.get("rows") or []
-            return self._device_call(
-                self.dev.makespan(rows) if self.rollout else self.dev.call(len(rows)), it)
+            dt = self.dev.makespan(rows) if self.rollout else self.dev.call(len(rows))
+            if dt <= 0:  # a free call (a reward with no cost) ends now: no event to wait for
+                self._outputs(it)
+                return True
+            return self._device_call(dt, it)
         return None  # WEIGHTS: the weight board is instant here (a poke follows a publish)
 
     def _computed(self, it: dict) -> None:
         self.computing = False
+        self._outputs(it)
+        self.resume(True)
+
+    def _outputs(self, it: dict) -> None:
+        """The call's outputs (placeholders) and when it ended."""
         rows = it.get("rows") or []
         if rows:
             it["out"] = {f: [0] * len(rows) for f in self.task.outputs}
             it["end"] = self.sim.now
             if it.get("step") is None and self.gate is not None:
                 it["step"] = self.gate.step_of(rows[0])
-        self.resume(True)
 
 
 class ServeWorker(_Writes, SimWorker):
@@ -305,8 +312,9 @@ class ServeWorker(_Writes, SimWorker):
     def pulled(self, asked: int, got: int, first: bool) -> None:
         if got:
             self._drained(asked, got)
-        else:
+        else:  # nothing it may start (a dry store, or the gate): none until something changes
             self._missed(1)
+            self.dry = True
 
     def served_fields(self, v, rows: list[int]) -> dict:
         """The engine's outputs: placeholders (nothing is generated here)."""
@@ -375,7 +383,7 @@ class ServeWorker(_Writes, SimWorker):
         self.occupy()
         del self.flight[r]
         self.serve_emit({"_row": r, "_version": f[1] if f[1] is not None else 0})
-        self.sim.soon(self.poke)
+        self.poke()  # the freed slot takes its next row now
 
     def offer(self, model: str, version: int) -> None:
         super().offer(model, version)

@@ -10,7 +10,6 @@ import sys
 import time
 from typing import Any
 
-from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Op
 from asyncflow.runtime import checkpoint, export
 
@@ -151,7 +150,7 @@ class OpHandlers:
         else:
             self.ack(lease.id, cols)
         self.stats["rows"] += len(rows)
-        if rules_of(self.task.kind).rewards and self.task.outputs:
+        if self.reports_rewards:
             self.pending_rewards.append((list(rows), list(cols[self.task.outputs[0]])))
         self.rec.span("WRITE", len(rows), it["end"], version=version, step=it.get("step"))
         return True

@@ -139,7 +139,8 @@ class ServeLoop:
         for v in self.lease_slots(n, s.pre, s.read):
             if v is None:
                 break
-            self.inject(self.step_of_rows(v.rows), v.rows)
+            if self.faults:
+                self.inject(self.step_of_rows(v.rows), v.rows)
             v.start, v.lane = self.clock(), s.lane()
             s.leases[v.lease.id] = v
             for r in v.rows:
@@ -184,7 +185,8 @@ class ServeLoop:
         lid = s.row_lease.pop(r, None)
         if lid is None:
             return
-        row = self.nan(r // self.st.samples_per_step, row)
+        if self.faults:
+            row = self.nan(r // self.st.samples_per_step, row)
         self.progress += 1
         v = s.leases[lid]
         v.done[r] = row
@@ -202,6 +204,8 @@ class ServeLoop:
         """In-flight rows removed from the store since the last pull (and, with first_ready,
         rows started with a version no train step may take any more): no longer in flight,
         their leases written or ended; returns them (the engine's ``_cancel``)."""
+        if not self.cancel_queue and not self.hopeless:
+            return []  # (most pulls)
         s = self.serving
         leases, row_lease = s.leases, s.row_lease
         if self.hopeless:
@@ -232,9 +236,18 @@ class ServeLoop:
         ended first, in the order they ended."""
         s = self.serving
         now = self.clock()
+        if not s.dirty and not s.ended:  # nothing finished since the last write (most pulls)
+            if now - s.last_flush >= s.flush_s:
+                s.last_flush = now
+            return
         if now - s.last_flush >= s.flush_s:
             s.last_flush = now
-            todo = list(dict.fromkeys(s.ended + list(s.dirty))) if s.ended else list(s.dirty)
+            if not s.ended:
+                todo = list(s.dirty)
+            elif len(s.ended) == 1 and len(s.dirty) == 1 and s.ended[0] in s.dirty:
+                todo = list(s.ended)  # one lease's last sample (most writes of a serve loop)
+            else:
+                todo = list(dict.fromkeys(s.ended + list(s.dirty)))
             s.dirty.clear()
         else:
             todo = list(s.ended)

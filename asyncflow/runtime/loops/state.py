@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from asyncflow import kinds
+from asyncflow.compiler.kinds import rules_of
 from asyncflow.plan import Op, Plan
 from asyncflow.runtime.contract import check_outputs
 from asyncflow.runtime.gate import Gate
@@ -112,6 +113,7 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         self.pending_drops: list = []
         self.pending_events: list = []
         self.stats: dict = {"rows": 0, "leases": 0, "empty_reads": 0, "stale_dropped": 0}
+        self.faults: list = []  # injected faults (a host with faults sets them: inject, nan)
         self.progress = 0  # a counter of work done (the watchdog's)
         self.paths = list(self.opt.get("search_path") or ())
         # the plan's bindings: which of the store's fields is which role (never a fixed name)
@@ -124,6 +126,8 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         # a trainer's reads carry the reward column (for the step's reward_mean): the field a
         # reward task writes as its reward, else a multi-turn rollout's episode return
         self.reward = self.wp.reward_field
+        # a reward task reports what it writes (its first output) for the step's reward_mean
+        self.reports_rewards = bool(rules_of(self.task.kind).rewards and self.task.outputs)
         self.fields = None
         if self.loop == "train":
             if self.reward and self.reward not in self.task.inputs:
