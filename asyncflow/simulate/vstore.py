@@ -94,20 +94,6 @@ class VStore(VLeases, StoreBase):
                 if rr not in elig:
                     t.add(rr, group[p])
 
-    def _recheck_one(self, t: VTask, p: int) -> None:
-        """:meth:`_recheck` of one position (a serve loop's write of one sample)."""
-        readies = t.readies
-        if readies is None:
-            return self._recheck(t, (p,))
-        if t.consumed[p] or t.held[p] or self._dropped[p]:
-            return
-        for r in readies:
-            if not r[p]:
-                return
-        rr = self._row[p]
-        if rr not in t.elig:
-            t.add(rr, self._group[p])
-
     # ------------------------------------------------------------------ writing
     def _new_task(self, task: str, inputs: tuple[str, ...]) -> None:
         t = self._tasks[task] = VTask(task, inputs, len(self._row))
@@ -235,8 +221,9 @@ class VStore(VLeases, StoreBase):
             col[p] = x
             ready_of[f][p] = 1
             touched += readers.get(f, ())
+        pos = (p,)
         for t in (touched if len(touched) < 2 else dict.fromkeys(touched)):
-            self._recheck_one(t, p)
+            self._recheck(t, pos)
         self._changed()
 
     def _new_field(self) -> None:
