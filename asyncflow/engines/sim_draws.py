@@ -96,19 +96,19 @@ def row_latency(dist, row: int) -> float:
     return max(0.0, dist.sample(KeyRandom(key)))
 
 
+def _unit(z: int) -> float:
+    """:meth:`KeyRandom.random`'s value at SplitMix64 state ``z`` (the state after its step)."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return ((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0)
+
+
 def _lognormal(p: dict, key: str) -> float:
     """``Distribution.sample`` of a lognormal with ``KeyRandom(key)``, bit for bit: its first
     two draws through ``random.Random.gauss`` (Box-Muller), inlined (a simulated sample costs
     one: at a million samples the generator object was a few percent of ``simulate``)."""
     s = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-    z = (s + _GOLDEN) & _M64  # KeyRandom.random, twice
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    u1 = ((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0)
-    z = (s + 2 * _GOLDEN) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    u2 = ((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0)
+    u1, u2 = _unit((s + _GOLDEN) & _M64), _unit((s + 2 * _GOLDEN) & _M64)  # its two random()s
     g = 0.0 + math.cos(u1 * _TWOPI) * math.sqrt(-2.0 * math.log(1.0 - u2)) * 1.0
     x = p["median"] * math.exp(p["sigma"] * g)
     cap = p.get("max")
