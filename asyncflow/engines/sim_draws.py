@@ -92,7 +92,7 @@ def row_latency(dist, row: int) -> float:
     ``row``), so a row costs the same wherever it runs (and in ``asyncflow simulate``)."""
     key = f"latency:{dist.seed!s}:{row!s}"  # rng(...)'s key
     if dist.dist == "lognormal":  # the usual one: the same draw, without a generator object
-        return max(0.0, _lognormal(dist.params, key))
+        return max(0.0, dist.sample(_Drawn(_gauss(key))))
     return max(0.0, dist.sample(KeyRandom(key)))
 
 
@@ -103,16 +103,26 @@ def _unit(z: int) -> float:
     return ((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0)
 
 
-def _lognormal(p: dict, key: str) -> float:
-    """``Distribution.sample`` of a lognormal with ``KeyRandom(key)``, bit for bit: its first
-    two draws through ``random.Random.gauss`` (Box-Muller), inlined (a simulated sample costs
-    one: at a million samples the generator object was a few percent of ``simulate``)."""
+def _gauss(key: str) -> float:
+    """``KeyRandom(key).gauss()``, bit for bit: its first two draws through
+    ``random.Random.gauss`` (Box-Muller), without the generator object (a simulated sample costs
+    one: at a million samples the object was a few percent of ``simulate``)."""
     s = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
     u1, u2 = _unit((s + _GOLDEN) & _M64), _unit((s + 2 * _GOLDEN) & _M64)  # its two random()s
-    g = 0.0 + math.cos(u1 * _TWOPI) * math.sqrt(-2.0 * math.log(1.0 - u2)) * 1.0
-    x = p["median"] * math.exp(p["sigma"] * g)
-    cap = p.get("max")
-    return min(x, cap) if cap is not None else x
+    return math.cos(u1 * _TWOPI) * math.sqrt(-2.0 * math.log(1.0 - u2))
+
+
+class _Drawn:
+    """A generator whose one ``gauss`` draw is already made (:func:`row_latency`'s lognormal:
+    ``Distribution.sample`` turns it into the latency, its cap included)."""
+
+    __slots__ = ("z",)
+
+    def __init__(self, z: float):
+        self.z = z
+
+    def gauss(self, mu: float = 0.0, sigma: float = 1.0) -> float:
+        return mu + self.z * sigma  # random.Random.gauss's last line
 
 
 def slot_schedule(latencies: list[float], slots: int) -> list[tuple[float, int]]:

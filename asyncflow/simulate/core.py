@@ -152,10 +152,9 @@ class Simulation:
         self.by_task: dict[str, list[SimWorker]] = {}
         for w in self.workers:
             self.by_task.setdefault(w.task.name, []).append(w)
-        self.readers = _last_writers(plan)
-        # task -> the workers its writes may wake (of the tasks in readers)
+        # task -> the workers its writes may wake (those of the tasks _last_writers names)
         self.woken = {t: [w for r in rs for w in self.by_task.get(r, ())]
-                      for t, rs in self.readers.items()}
+                      for t, rs in _last_writers(plan).items()}
         sources = {f for d in plan.data for f in d.fields}
         self.source_readers = [t.name for t in plan.tasks if set(t.inputs) & sources]
         self.source_fields = sorted(sources) or ["prompt"]

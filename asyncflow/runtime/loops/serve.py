@@ -242,12 +242,7 @@ class ServeLoop:
             return
         if now - s.last_flush >= s.flush_s:
             s.last_flush = now
-            if not s.ended:
-                todo = list(s.dirty)
-            elif len(s.ended) == 1 and len(s.dirty) == 1 and s.ended[0] in s.dirty:
-                todo = list(s.ended)  # one lease's last sample (most writes of a serve loop)
-            else:
-                todo = list(dict.fromkeys(s.ended + list(s.dirty)))
+            todo = list(dict.fromkeys(s.ended + list(s.dirty))) if s.ended else list(s.dirty)
             s.dirty.clear()
         else:
             todo = list(s.ended)
