@@ -150,11 +150,17 @@ def test_fidelity_small_scale_against_real_local_runs():
         sets = scale + [f"sync.0.max_staleness={alpha}"]
         s = sim(LONGTAIL, sets, steps=8)
         simulated[alpha] = s.samples_per_s
-        real[alpha], span, wait = _real_run(plan_of(LONGTAIL, sets, 8))
         sim_span = s.step_ends[-1] - s.step_ends[0]
-        what = (alpha, simulated[alpha], real[alpha], f"steady {span:.3f} s vs simulated "
-                f"{sim_span:.3f} s, run-queue wait {wait:.2f} CPU-s")
-        assert simulated[alpha] / real[alpha] >= 0.9, what
+        for attempt in range(2):
+            real[alpha], span, wait = _real_run(plan_of(LONGTAIL, sets, 8))
+            what = (alpha, simulated[alpha], real[alpha], f"steady {span:.3f} s vs simulated "
+                    f"{sim_span:.3f} s, run-queue wait {wait:.2f} CPU-s, attempt {attempt + 1}")
+            assert simulated[alpha] / real[alpha] >= 0.9, what
+            # noise only slows a real run (as test_fidelity_full_speed): a run slowed by what
+            # the run-queue wait does not see (once in ~15 full suites here, 1.4 s at alpha 0
+            # with a quiet run's wait) gets one more; a runtime overhead slows both
+            if span <= 1.25 * sim_span + wait / cores:
+                break
         assert span <= 1.25 * sim_span + wait / cores, what
         # the speed with the time the machine's load took from the run given back (a burst of
         # load in one of the two runs must not decide which alpha is faster)
