@@ -4,6 +4,7 @@
                                         [--big-steps 5] [--per-device 2] [--slots 4]
                                         [--alpha 1] [--json PATH]
                                         [--baseline DIR [--repeat 2]]
+                                        [--sweep SPLITS [--jobs N]]
 
 ``--baseline DIR``: before/after, side by side. Each size runs in subprocesses, once with
 ``PYTHONPATH=DIR`` (another checkout of asyncflow, e.g. the commit before a change) and once
@@ -13,6 +14,11 @@ trained / those seconds) of each, their ratio, the CPU seconds of each (what a s
 machine's load does not inflate), and whether both simulated the same run (the same samples,
 steps, step ends and virtual time; the number of events may differ: a wake-up that could find
 nothing is not made).
+
+``--sweep SPLITS``: the resource planner's sweep (``asyncflow simulate FILE --sweep
+split=SPLITS``) on each size, one simulation after the other (``--jobs 1``) and one per CPU
+(``--jobs N``), side by side: the whole command's wall seconds, their ratio, and whether both
+gave the same runs.
 
 Every pipeline is built in code (a YAML file written to a temporary directory, the shape of
 ``pipelines/sim_longtail.yaml``): N rollout devices = N replicas of ``generate`` (sim engine,
@@ -186,6 +192,49 @@ def compare(a, sizes: list[int]) -> int:
     return 0 if all(r[4] for r in rows) else 1
 
 
+def sweep(a, sizes: list[int]) -> int:
+    """``--sweep SPLITS``: ``asyncflow simulate FILE --sweep split=SPLITS --json`` on each size's
+    pipeline, with ``--jobs 1`` (one simulation after the other) and ``--jobs`` N (one per
+    CPU, :mod:`asyncflow.simulate.parallel`), alternating which goes first, ``--repeat`` times:
+    the best wall seconds of each, their ratio, and whether both gave the same runs."""
+    import subprocess
+
+    jobs = a.jobs or len(os.sched_getaffinity(0))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="af-scale-") as tmp:
+        for n in sizes:
+            steps = a.big_steps if n >= 4096 else a.steps
+            path = os.path.join(tmp, f"scale_{n}.yaml")
+            with open(path, "w") as f:
+                f.write(pipeline_yaml(n, steps, a.per_device, a.slots, a.alpha))
+            best: dict = {}
+            for i in range(a.repeat):
+                for j in ((1, jobs) if i % 2 == 0 else (jobs, 1)):
+                    t = time.perf_counter()
+                    out = subprocess.run([sys.executable, "-m", "asyncflow.cli", "simulate", path,
+                                          "--sweep", f"split={a.sweep}", "--json", "-j", str(j)],
+                                         check=True, capture_output=True, text=True).stdout
+                    wall = time.perf_counter() - t
+                    d = json.loads(out)
+                    runs = [{k: v for k, v in r.items() if k not in ("wall_s", "events_per_s")}
+                            for r in d["runs"]]
+                    if j not in best or wall < best[j][0]:
+                        best[j] = (wall, runs, d["best"])
+                    print(f"  {n} devices, --jobs {j}: {wall:.2f} s", file=sys.stderr)
+            (w1, r1, b1), (wn, rn, bn) = best[1], best[jobs]
+            rows.append((n, steps, len(r1), w1, wn, r1 == rn, b1))
+    print(f"simulate --sweep split={a.sweep}: --jobs 1 against --jobs {jobs} (whole command, "
+          f"best of {a.repeat}), {a.per_device} samples/step per device")
+    head = (f"{'devices':>7} {'steps':>5} {'values':>6} {'jobs 1 s':>8} {f'jobs {jobs} s':>9} "
+            f"{'speedup':>7} {'same runs':>9} {'best':>10}")
+    print(head)
+    print("-" * len(head))
+    for n, steps, k, w1, wn, same, b in rows:
+        print(f"{n:>7} {steps:>5} {k:>6} {w1:>8.2f} {wn:>9.2f} {w1 / wn:>6.2f}x "
+              f"{'yes' if same else 'NO':>9} {b:>10}")
+    return 0 if all(r[5] for r in rows) else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", default="16,64,256,1024,4096,10000")
@@ -197,11 +246,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--baseline", default=None,
                     help="before/after: PYTHONPATH of the asyncflow to compare with")
-    ap.add_argument("--repeat", type=int, default=2, help="runs of each side (--baseline)")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each side (--baseline, "
+                    "--sweep)")
+    ap.add_argument("--sweep", default=None, metavar="SPLITS",
+                    help="a split sweep (e.g. auto, or 960:128,896:192) run with --jobs 1 and "
+                         "--jobs N side by side")
+    ap.add_argument("--jobs", type=int, default=0, help="--sweep: N (default: one per CPU)")
     a = ap.parse_args(argv)
     sizes = [int(x) for x in a.devices.split(",")]
     if a.baseline:
         return compare(a, sizes)
+    if a.sweep:
+        return sweep(a, sizes)
     rows = []
     with tempfile.TemporaryDirectory(prefix="af-scale-") as tmp:
         for n in sizes:

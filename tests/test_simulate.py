@@ -351,3 +351,30 @@ def test_deterministic(name):
     if path == LONGTAIL and any("latency=" in s for s in sets):
         c = sim(path, [s.replace("seed: 5", "seed: 6") for s in sets], steps=6).to_dict()
         assert c["step_ends_s"] != a["step_ends_s"]
+
+
+def test_simulations_in_processes_of_their_own_are_the_same_runs():
+    """asyncflow.simulate.parallel: two plans of different shapes (each with its own keyword
+    arguments), two processes, the results in order and equal to running them here."""
+    from asyncflow.simulate.parallel import default_jobs, simulate_all
+
+    runs = [(plan_of(*CONFIGS["longtail a=1"], 4), {"steps": 3}),
+            (plan_of(*CONFIGS["W a=2 abort"], 5), {"max_events": 10_000_000})]
+    here, there = simulate_all(runs, 1), simulate_all(runs, 2)
+    for a, b in zip(here, there):
+        a, b = a.to_dict(), b.to_dict()
+        for d in (a, b):
+            d.pop("wall_s"), d.pop("events_per_s")
+        assert a == b
+    assert [r.steps for r in there] == [3, 5] and there[1].aborted == here[1].aborted
+    # a process running other threads (a Ray client, a logger) starts them from a fork server
+    stop = threading.Event()
+    th = threading.Thread(target=stop.wait, daemon=True)
+    th.start()
+    try:
+        served = simulate_all(runs[:1] * 2, 2)
+    finally:
+        stop.set()
+        th.join()
+    assert [r.step_ends for r in served] == [here[0].step_ends] * 2
+    assert default_jobs(1) == 1 and 1 <= default_jobs(64) <= (os.cpu_count() or 1)

@@ -137,3 +137,36 @@ def test_multiturn_pipeline_simulates(af):
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["samples_per_s"] > 0 and d["steps"] == 4
+
+
+def test_a_sweep_runs_its_simulations_at_once_with_the_same_results(af):
+    """--jobs N: each value in a process of its own (asyncflow/simulate/parallel.py), the very
+    runs --jobs 1 gives in this process (a simulation's draws are keyed by row)."""
+    runs = {}
+    for j in ("1", "3"):
+        r = af("simulate", LONGTAIL, "--steps", "6", "--json", "--sweep",
+               "split=4:1,3:2,2:3", "-j", j)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["jobs"] == int(j)
+        runs[j] = [{k: v for k, v in x.items() if k not in ("wall_s", "events_per_s")}
+                   for x in d["runs"]]
+        assert [x["value"] for x in d["runs"]] == ["4:1", "3:2", "2:3"]
+    assert runs["1"] == runs["3"]
+    assert len({x["samples_per_s"] for x in runs["1"]}) == 3  # three different runs
+    r = af("simulate", LONGTAIL, "--steps", "4", "--sweep", "sync.0.max_staleness=0,1", "-j", "2")
+    assert r.returncode == 0 and "2 simulations in" in r.stdout and "2 at once" in r.stdout
+
+
+def test_jobs_usage_errors(af):
+    r = af("simulate", LONGTAIL, "-j", "0", "--sweep", "split=auto")
+    assert r.returncode == 2 and "--jobs must be >= 1" in r.stderr
+    r = af("simulate", LONGTAIL, "-j", "2")
+    assert r.returncode == 2 and "give --sweep too" in r.stderr
+
+
+def test_a_parallel_sweep_checks_every_value_before_it_starts(af):
+    """A value that cannot compile is the compiler's located error before any simulation runs,
+    with or without --jobs."""
+    r = af("simulate", LONGTAIL, "--sweep", "sync.0.max_staleness=1,-1", "-j", "2")
+    assert r.returncode == 2 and "AF206" in r.stderr and "Traceback" not in r.stderr

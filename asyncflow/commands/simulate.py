@@ -56,16 +56,29 @@ def _check_costs(plan) -> None:
 def run_one(plan, steps: Optional[int], link=None, calibration=None):
     """Simulate ``plan`` (weight syncs over ``link``; with the costs of ``calibration``);
     AF641 when it stops before its last step."""
-    from asyncflow.simulate import simulate
+    return run_all([plan], steps, link, calibration, jobs=1)[0]
+
+
+def run_all(plans: list, steps: Optional[int], link=None, calibration=None, jobs: int = 1):
+    """:func:`run_one` of each plan, ``jobs`` simulations at once (each in a process of its
+    own: :mod:`asyncflow.simulate.parallel`); AF640 for any plan before the first starts."""
+    from asyncflow.simulate.parallel import simulate_all
 
     if calibration is None:
-        _check_costs(plan)
-    n = steps if steps is not None else plan.step.steps
-    budget = 200 * max(1, n) * max(1, plan.step.samples_per_step) + 1_000_000
-    r = simulate(plan, steps=steps, max_events=budget, link=link, calibration=calibration)
-    if r.stalled:
-        raise _located(plan, "AF641", None, done=len(r.step_ends), steps=n, why=r.stalled)
-    return r
+        for plan in plans:
+            _check_costs(plan)
+    runs = []
+    for plan in plans:
+        n = steps if steps is not None else plan.step.steps
+        budget = 200 * max(1, n) * max(1, plan.step.samples_per_step) + 1_000_000
+        runs.append((plan, {"steps": steps, "max_events": budget, "link": link,
+                            "calibration": calibration}))
+    results = simulate_all(runs, jobs)
+    for plan, r in zip(plans, results):
+        if r.stalled:
+            n = steps if steps is not None else plan.step.steps
+            raise _located(plan, "AF641", None, done=len(r.step_ends), steps=n, why=r.stalled)
+    return results
 
 
 def _summary(r, plan, file: str, link=None, calibration=None) -> None:
@@ -173,7 +186,12 @@ def register(app: typer.Typer) -> None:
                   calibrate: Optional[str] = typer.Option(
                       None, "--calibrate", metavar="RUN_DIR",
                       help="fit the device times and the runtime's per-call and per-row costs "
-                           "to a real run of this pipeline (its trace.json), then simulate")
+                           "to a real run of this pipeline (its trace.json), then simulate"),
+                  jobs: Optional[int] = typer.Option(
+                      None, "--jobs", "-j", metavar="N",
+                      help="--sweep: simulations run at once, each in a process of its own "
+                           "(default: one per CPU, at most one per value; 1: one after the "
+                           "other in this process). The results are the same either way")
                   ) -> None:
         """Execute the compiled plan in virtual time (device times from the cost hints): the
         runtime's own scheduling code, 1,024 devices in seconds."""
@@ -183,6 +201,10 @@ def register(app: typer.Typer) -> None:
             usage_error("--steps must be >= 1")
         if output and not output.lower().endswith((".png", ".svg", ".html", ".htm")):
             usage_error("-o must name a .png, .svg or .html file")
+        if jobs is not None and jobs < 1:
+            usage_error("--jobs must be >= 1")
+        if jobs is not None and sweep is None:
+            usage_error("--jobs runs the simulations of a --sweep at once: give --sweep too")
         from asyncflow.simulate.links import LinkError, link as link_of
 
         try:
@@ -205,7 +227,7 @@ def register(app: typer.Typer) -> None:
             if output:
                 (err if json_ else out).print(f"wrote {output}", markup=False)
             return
-        _sweep(file, sets, sweep, steps, json_, output, link_, calib)
+        _sweep(file, sets, sweep, steps, json_, output, link_, calib, jobs)
 
 
 def calibration_of(file: str, sets: list[str], run_dir: str):
@@ -227,7 +249,7 @@ def calibration_of(file: str, sets: list[str], run_dir: str):
 
 
 def _sweep(file: str, sets: list[str], spec: str, steps, json_: bool, output, link=None,
-           calib=None) -> None:
+           calib=None, jobs: Optional[int] = None) -> None:
     from asyncflow.compiler import compile_file
     from asyncflow.diagnostics import error
     from asyncflow.simulate import sweep as sw
@@ -246,10 +268,13 @@ def _sweep(file: str, sets: list[str], spec: str, steps, json_: bool, output, li
     except sw.SweepError as e:
         raise error("AF642", None, what=str(e)) from None
     t0 = time.perf_counter()
-    runs = []
-    for v, extra in zip(values, runs_sets):
-        plan = compile_file(file, sets + extra)
-        runs.append((v, plan, run_one(plan, steps, link, calib)))
+    plans = [compile_file(file, sets + extra) for extra in runs_sets]
+    if jobs is None:
+        from asyncflow.simulate.parallel import default_jobs
+
+        jobs = default_jobs(len(plans))
+    jobs = max(1, min(jobs, len(plans)))
+    runs = list(zip(values, plans, run_all(plans, steps, link, calib, jobs)))
     wall = time.perf_counter() - t0
     best_i = max(range(len(runs)), key=lambda i: runs[i][2].samples_per_s)
     own = None
@@ -260,7 +285,7 @@ def _sweep(file: str, sets: list[str], spec: str, steps, json_: bool, output, li
         best = runs[best_i][2].to_dict()
         obj = {"sweep": key, "values": values, "best": values[best_i],
                **{k: best[k] for k in ("samples_per_s", "step_time_s", "devices")},
-               "wall_s": wall,
+               "wall_s": wall, "jobs": jobs,
                "runs": [{"value": v, **{k: x for k, x in r.to_dict().items()
                                       if k != "step_ends_s"}} for v, _, r in runs]}
         if split is not None:
@@ -274,7 +299,7 @@ def _sweep(file: str, sets: list[str], spec: str, steps, json_: bool, output, li
                 f"'{split.rollout_pool}', {split.train} on '{split.train_pool}')"
                 if split is not None else key)
         out.print(f"{base.pipeline} ({file}): sweep over {what}: {len(runs)} simulations in "
-                  f"{wall:.2f} s", markup=False)
+                  f"{wall:.2f} s" + (f", {jobs} at once" if jobs > 1 else ""), markup=False)
         t = Table(title="sweep (virtual time)", title_justify="left")
         pools = [p.name for p in base.pools]
         cols = [key, "samples/s", "step time", "vs " + ("the file's split" if own and any(
