@@ -378,3 +378,19 @@ def test_simulations_in_processes_of_their_own_are_the_same_runs():
         th.join()
     assert [r.step_ends for r in served] == [here[0].step_ends] * 2
     assert default_jobs(1) == 1 and 1 <= default_jobs(64) <= (os.cpu_count() or 1)
+
+
+def test_compiles_estimate_simulates_the_plan_and_its_sync_form_at_once_with_the_same_figures(
+        monkeypatch):
+    """asyncflow/simulate/estimate.py: above PARALLEL_SAMPLES the plan and its synchronous form
+    are simulated in two processes; the estimate is the one simulating them here gives."""
+    from asyncflow.simulate import estimate
+
+    plan = plan_of(LONGTAIL, ["sync.0.max_staleness=2"], 8)
+    got = {}
+    for limit in (10 ** 12, 1):  # one after the other here, then always at once
+        monkeypatch.setattr(estimate, "PARALLEL_SAMPLES", limit)
+        e = estimate.simulated(plan, LONGTAIL, ["sync.0.max_staleness=2"])
+        got[limit] = (e.samples_per_s, e.samples_per_s_sync, e.step_time, e.bottleneck)
+    assert got[1] == got[10 ** 12]
+    assert got[1][0] > 1.15 * got[1][1]  # staleness 2 hides the long tail

@@ -3,6 +3,8 @@ edge at staleness 0) run in virtual time for a few steps, replacing the cost pas
 step times (:mod:`asyncflow.compiler.passes.cost`), which miss how a long tail, streaming,
 redundancy, refill and first_ready interact (README, "Simulate").
 
+The two simulations run at once, in processes of their own, where there are two CPUs and each
+has at least ``PARALLEL_SAMPLES`` samples to simulate (:mod:`asyncflow.simulate.parallel`).
 The closed form stays where simulating would take too long (more than ``MAX_SAMPLES`` samples
 to simulate) or a plan has no cost hint; the estimate's first note says which one it is.
 """
@@ -16,6 +18,10 @@ from asyncflow.plan import Estimate, Plan
 
 STEPS = 12  # steps simulated (the steady state is measured after the first)
 MAX_SAMPLES = 60_000  # samples per simulation above which compile keeps the closed form
+# samples per simulation from which this plan and its synchronous form are simulated at once,
+# in processes of their own (asyncflow.simulate.parallel; below, starting them costs more than
+# it saves)
+PARALLEL_SAMPLES = 8_192
 
 
 def sync_sets(plan: Plan) -> list[str]:
@@ -38,8 +44,15 @@ def simulated(plan: Plan, file: str, sets=(), steps: int = STEPS) -> Estimate | 
     t0 = time.perf_counter()
     extra = sync_sets(plan)
     try:
-        mine = simulate(copy.deepcopy(plan), steps=n)  # simulate sets the plan's steps
-        sync = simulate(compile_file(file, list(sets) + extra), steps=n) if extra else mine
+        mine_plan = copy.deepcopy(plan)  # simulate sets the plan's steps
+        if not extra:
+            mine = sync = simulate(mine_plan, steps=n)
+        else:  # the two at once where there are two CPUs and enough to simulate
+            from asyncflow.simulate.parallel import default_jobs, simulate_all
+
+            jobs = default_jobs(2) if plan.step.samples_per_step * n >= PARALLEL_SAMPLES else 1
+            mine, sync = simulate_all([(mine_plan, {"steps": n}), (compile_file(
+                file, list(sets) + extra), {"steps": n})], jobs)
     except Exception as e:  # the estimate never fails a compile: the closed form stays
         if est is not None:
             est.notes.insert(0, f"closed form: the simulation failed ({e.__class__.__name__}: "
