@@ -6,9 +6,11 @@ then simulated in a process of its own, at most ``jobs`` at a time, and the resu
 in the sweep's order. A simulation is deterministic (its draws are keyed by row), so the
 results are the very ones ``--jobs 1`` gives in this process; only the wall time differs.
 
-The processes are forked from this one where it runs no other thread (fast, nothing to
-import again); otherwise from a fork server (a process that started clean, so no lock held
-by another thread is copied into a child), or spawned where neither exists.
+The processes are forked from this one where it runs no other Python thread (fast, nothing
+to import again; numpy's BLAS pool, a native thread every process here has, resets itself in
+a forked child, and a child never calls BLAS, torch or Ray); otherwise (a Ray client, a logger
+thread) from a fork server, a process that started clean, so no lock another thread holds is
+copied into a child; or spawned where neither exists.
 """
 from __future__ import annotations
 
