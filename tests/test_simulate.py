@@ -394,3 +394,28 @@ def test_compiles_estimate_simulates_the_plan_and_its_sync_form_at_once_with_the
         got[limit] = (e.samples_per_s, e.samples_per_s_sync, e.step_time, e.bottleneck)
     assert got[1] == got[10 ** 12]
     assert got[1][0] > 1.15 * got[1][1]  # staleness 2 hides the long tail
+
+
+@pytest.mark.parametrize("name", ["longtail a=1", "first_ready+continue", "redundancy 1.5",
+                                  "schedule batch", "W pareto redundancy 1.5"])
+def test_a_free_task_read_by_whole_groups_is_woken_per_group_and_runs_the_same(name, monkeypatch):
+    """core._group_fed: the reward (no cost, read only by the advantage, whole groups) reads a
+    group's rows once its last is written instead of each row as it is: the same run, fewer
+    events; a task another reads by row (PPO's GAE) keeps per-row reads."""
+    from asyncflow.simulate import core
+
+    path, sets = CONFIGS[name]
+    plan = plan_of(path, sets, 6)
+    grouped = Simulation(plan)
+    spp = plan.step.samples_per_prompt
+    assert [w.unit for w in grouped.by_task["score"]] == [spp] * len(grouped.by_task["score"])
+    a = grouped.run()
+    monkeypatch.setattr(core, "_group_fed", lambda *args: [])
+    b = simulate(plan)
+    for key in ("step_ends", "samples", "staleness_max", "staleness_mean", "drops", "cancelled",
+                "aborted"):
+        assert getattr(a, key) == getattr(b, key), key
+    # (a whole-batch rollout writes whole groups at once: nothing to save there)
+    assert a.events < b.events if name != "schedule batch" else a.events == b.events
+    ppo = Simulation(plan_of(PPO, PPO_SIM, 4))
+    assert not any(w.unit for w in ppo.workers if w.task.kind == "reward")

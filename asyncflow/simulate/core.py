@@ -155,6 +155,9 @@ class Simulation:
         # task -> the workers its writes may wake (those of the tasks _last_writers names)
         self.woken = {t: [w for r in rs for w in self.by_task.get(r, ())]
                       for t, rs in _last_writers(plan).items()}
+        for name in _group_fed(plan, self.by_task, self.devices):
+            for w in self.by_task[name]:
+                w.unit = st.samples_per_prompt
         sources = {f for d in plan.data for f in d.fields}
         self.source_readers = [t.name for t in plan.tasks if set(t.inputs) & sources]
         self.source_fields = sorted(sources) or ["prompt"]
@@ -350,6 +353,30 @@ class Simulation:
         r.aborted = sum(int(w.stats.get("aborted", 0)) for w in self.workers)
         r.events = self.events
         r.wall_s = time.perf_counter() - t0
+
+
+def _group_fed(plan: Plan, by_task: dict, devices: dict) -> list[str]:
+    """The tasks woken once a whole group of their input rows is written rather than per row:
+    those that cost nothing (no device time, no weights) and whose outputs only readers of
+    whole groups read (a GRPO reward before its advantage). Their writes before a group's last
+    row can be read by nobody until that row is written, and a call costs no time, so reading
+    the group's rows then -- in the same instant as that last row's write -- gives the very run
+    that per-row reads give (the exhaustive wake-ups and the per-row runs are compared in the
+    tests) with a wake-up, a read and a write a group instead of a row."""
+    spp = plan.step.samples_per_prompt
+    if spp <= 1:
+        return []
+    out = []
+    for t in plan.tasks:
+        ws = by_task.get(t.name, ())
+        if not ws or any(not isinstance(w, BatchWorker) or w.rollout or w.read_op is None
+                         or w.unit or w.models_in for w in ws) or devices[t.name].costs:
+            continue
+        readers = [u for u in plan.tasks if u.name != t.name and set(u.inputs) & set(t.outputs)]
+        if readers and all(w.unit == spp for u in readers for w in by_task.get(u.name, ())) \
+                and all(by_task.get(u.name) for u in readers):
+            out.append(t.name)
+    return out
 
 
 def _last_writers(plan: Plan) -> dict[str, list[str]]:
