@@ -43,8 +43,10 @@ intersects its rows with the window on every read. The simulator now runs on the
 :class:`asyncflow.simulate.vstore.VStore` (no scans); before/after figures (``--baseline``) are
 in benchmarks/README.md: 1.7-2.8x less CPU a sample at 64-1,024 devices x 16 samples each.
 
-Goal (issue 24): 1,024 rollout devices x 16 samples each x 20 steps in under 30 s, at least
-50,000 simulated samples/s (not met yet: benchmarks/README.md says where the time goes).
+Goal (issue 24): 1,024 rollout devices x 16 samples each x 20 steps in at most 30 s, and at
+least 50,000 simulated samples/s (327,680 samples in 30 s are 10,923 a second: the second
+figure asks for 6.6 s). The first is met on the 2-core machine (20.8 s, quiet, 2026-11-27), the
+second is not: benchmarks/README.md says where the time goes.
 """
 from __future__ import annotations
 
@@ -289,9 +291,12 @@ def main(argv=None) -> int:
             s = r["build_s"] + r["simulate_s"]
             per = r["samples"] // (r["steps"] * 1024)
             if per >= 16:  # the issue's goal: 16,384 samples a step (16 a device)
-                print(f"1,024 devices x {per} samples x {r['steps']} steps: {s:.1f} s wall, "
-                      f"{r['samples'] / s if s else 0:,.0f} simulated samples/s (goal: < 30 s, "
-                      f">= 50,000/s): {'met' if s < 30 and r['samples'] / s >= 50_000 else 'NOT met'}")
+                rate = r["samples"] / s if s else 0.0
+                # (the issue's two figures differ: 327,680 samples in 30 s is 10,923 a second)
+                print(f"1,024 devices x {per} samples x {r['steps']} steps: {s:.1f} s wall "
+                      f"(goal <= 30 s: {'met' if s <= 30 else 'NOT met'}), {rate:,.0f} "
+                      f"simulated samples/s (goal >= 50,000/s: "
+                      f"{'met' if rate >= 50_000 else 'NOT met'})")
             else:
                 print(f"1,024 devices x {per} samples x {r['steps']} steps: {s:.1f} s wall (the "
                       "goal is at --per-device 16)")
