@@ -270,8 +270,9 @@ class ServeLoop:
         cols = self.served_fields(v, rows)
         versions = [v.done[r].get("_version", v.version) for r in rows]
         self.check()
+        # the lease's every row, in its order (one-row leases: a freed slot's): one plain ack
         it = {"lease": v.lease, "rows": rows, "out": cols, "versions": versions,
-              "version": min(versions), "end": self.clock(), "partial": True}
+              "version": min(versions), "end": self.clock(), "partial": rows != v.rows}
         for op in post:
             self.enter(op.kind)
             if not self.ops[op.kind](op, it):
