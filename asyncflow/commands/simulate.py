@@ -67,16 +67,13 @@ def run_all(plans: list, steps: Optional[int], link=None, calibration=None, jobs
     if calibration is None:
         for plan in plans:
             _check_costs(plan)
-    runs = []
-    for plan in plans:
-        n = steps if steps is not None else plan.step.steps
-        budget = 200 * max(1, n) * max(1, plan.step.samples_per_step) + 1_000_000
-        runs.append((plan, {"steps": steps, "max_events": budget, "link": link,
-                            "calibration": calibration}))
-    results = simulate_all(runs, jobs)
-    for plan, r in zip(plans, results):
+    ns = [steps if steps is not None else plan.step.steps for plan in plans]
+    results = simulate_all([(plan, {"steps": steps, "link": link, "calibration": calibration,
+                                    "max_events": 200 * max(1, n) * max(
+                                        1, plan.step.samples_per_step) + 1_000_000})
+                            for plan, n in zip(plans, ns)], jobs)
+    for plan, n, r in zip(plans, ns, results):
         if r.stalled:
-            n = steps if steps is not None else plan.step.steps
             raise _located(plan, "AF641", None, done=len(r.step_ends), steps=n, why=r.stalled)
     return results
 

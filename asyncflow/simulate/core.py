@@ -372,9 +372,9 @@ def _group_fed(plan: Plan, by_task: dict, devices: dict) -> list[str]:
         if not ws or any(not isinstance(w, BatchWorker) or w.rollout or w.read_op is None
                          or w.unit or w.models_in for w in ws) or devices[t.name].costs:
             continue
-        readers = [u for u in plan.tasks if u.name != t.name and set(u.inputs) & set(t.outputs)]
-        if readers and all(w.unit == spp for u in readers for w in by_task.get(u.name, ())) \
-                and all(by_task.get(u.name) for u in readers):
+        readers = [by_task.get(u.name, ()) for u in plan.tasks
+                   if u.name != t.name and set(u.inputs) & set(t.outputs)]
+        if readers and all(rs and all(w.unit == spp for w in rs) for rs in readers):
             out.append(t.name)
     return out
 

@@ -236,12 +236,12 @@ class ServeLoop:
         ended first, in the order they ended."""
         s = self.serving
         now = self.clock()
-        if not s.dirty and not s.ended:  # nothing finished since the last write (most pulls)
-            if now - s.last_flush >= s.flush_s:
-                s.last_flush = now
-            return
-        if now - s.last_flush >= s.flush_s:
+        due = now - s.last_flush >= s.flush_s
+        if due:
             s.last_flush = now
+        if not s.dirty and not s.ended:  # nothing finished since the last write (most pulls)
+            return
+        if due:
             todo = list(dict.fromkeys(s.ended + list(s.dirty))) if s.ended else list(s.dirty)
             s.dirty.clear()
         else:
