@@ -119,7 +119,7 @@ def test_protocol_lists_the_store_methods():
         "register_task", "add_rows", "write", "start_rows_at", "get", "get_split", "ack", "ack_many", "ack_rows",
         "release",
         "release_rows", "renew", "renew_many", "revoke", "expire", "drop", "consumed", "pending",
-        "stats", "gc", "snapshot"])  # fmt: skip
+        "stats", "gc", "snapshot", "stop_waits"])  # fmt: skip
 
 
 @pytest.mark.parametrize("cls_name", ["SampleStore", "VStore", pytest.param("RayStore", marks=NO_RAY)])
@@ -240,6 +240,61 @@ def test_get_split_on_one_ray_shard_is_one_actor_call(ray_shards):
     assert len(calls) == 5  # one actor call per get_split
 
 
+@pytest.mark.ray
+@NO_RAY
+def test_a_read_carries_the_acks_of_earlier_leases_in_its_one_actor_call(ray_shards):
+    # a batches loop's ack goes with its next read: one round trip a lease, not two; the
+    # acks are applied before the read leases anything (a stale one is still counted once)
+    handles = ray_shards[:1]
+    ray.get(handles[0].restore.remote(SampleStore(lease_s=LEASE_S).snapshot()))
+    s = RayStore(shards=1, lease_s=LEASE_S, chunk=CHUNK, _handles=handles)
+    s.register_task("reward", ["response"])
+    s.register_task("train", ["response", "reward"])
+    s.start_rows_at(-(-ray.get(handles[0].next_row.remote()) // CHUNK) * CHUNK)
+    rows = add(s, 4, 2)
+    a = s.get("reward", 4)
+    b = s.get("reward", 2)
+    gone = s.get("reward", 2)
+    s.release(gone)
+    calls = []
+    real = handles[0]
+
+    class Spy:
+        def __getattr__(self, name):
+            method = getattr(real, name)
+
+            class M:
+                def remote(self, *a, **k):
+                    calls.append(name)
+                    return method.remote(*a, **k)
+            return M()
+
+    s._shards[0] = Spy()
+    c = s.get("reward", 4, acks=[(a, {"reward": [1.0] * 4}), (b, {"reward": [2.0] * 2})])
+    assert calls == ["get"]
+    assert c.rows == rows[6:]  # the released rows: a and b were consumed first
+    assert s.consumed("reward") == a.rows + b.rows
+    train = s.get("train", 8)
+    assert train.rows == a.rows + b.rows and train.columns["reward"] == [1.0] * 4 + [2.0] * 2
+    before = s.stats()["stale_acks"]
+    assert s.get("reward", 4, acks=[(a, {"reward": [9.0] * 4}), (c, None)]) is None
+    assert s.stats()["stale_acks"] == before + 1  # a's second ack is stale, once
+    assert s.consumed("reward") == a.rows + b.rows + c.rows
+
+
+@pytest.mark.parametrize("kind", [pytest.param("ray", marks=[NO_RAY, pytest.mark.ray])])
+def test_carried_acks_over_several_shards_are_plain_acks_first(kind, ray_shards):
+    s = _fresh_ray(ray_shards)
+    s.register_task("reward", ["response"])
+    s.register_task("train", ["response", "reward"])
+    rows = add(s, 8, 2)  # on both shards
+    a = s.get("reward", 12)
+    c = s.get("reward", 8, acks=[(a, {"reward": [float(r) for r in a.rows]})])
+    assert c.rows == rows[12:]
+    assert sorted(s.consumed("reward")) == a.rows  # (a lease over shards: acked part by part)
+    assert s.get("train", 16).columns["reward"] == [float(r) for r in a.rows]
+
+
 def test_inputs_not_ready_are_not_eligible_until_written(store):
     rows = add(store, 8, 2, ready=False)
     assert store.get("reward", 10) is None
@@ -296,6 +351,30 @@ def test_min_rows_with_timeout_zero(store):
     assert time.monotonic() - t0 < 2.0
     assert store.pending("reward") == 4  # the failed get holds nothing
     assert store.get("reward", 10, min_rows=4, timeout=0).rows == rows
+
+
+def test_stop_waits_ends_a_waiting_read_and_later_reads_do_not_wait(store):
+    # the run is stopping: a worker blocked in a long read hears of it at once
+    import threading
+
+    got = {}
+
+    def read():
+        t = time.monotonic()
+        got["lease"] = store.get("reward", 4, timeout=20.0)
+        got["s"] = time.monotonic() - t
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(0.3)  # the read is waiting: nothing is eligible
+    store.stop_waits()
+    reader.join(10.0)
+    assert not reader.is_alive() and got["lease"] is None and got["s"] < 10.0
+    t = time.monotonic()
+    assert store.get("reward", 4, min_rows=1, timeout=20.0) is None  # no wait any more
+    assert time.monotonic() - t < 10.0
+    rows = add(store, 2, 2)
+    assert store.get("reward", 4).rows == rows  # what is eligible is still leased
 
 
 def test_fields(store):

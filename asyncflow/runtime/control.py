@@ -19,6 +19,9 @@ class Control:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # news the driver acts on at once (a step report, a drop, an error, a run event): a
+        # waiting collect() returns when one comes
+        self._news = threading.Condition(self._lock)
         self.board = WeightBoard()
         self._stop = False
         self._spans: list = []
@@ -83,6 +86,8 @@ class Control:
             self._events.extend(state.get("events", ()))
             for rows, reason in state.get("drops", ()):
                 self._drop_log.append((time.time(), len(rows), reason))
+            if state.get("drops") or state.get("events"):
+                self._news.notify_all()
             stop = self._stop
             seen = self._cursor.get(worker, 0)
             dropped = self._removals[seen:]
@@ -96,6 +101,7 @@ class Control:
     def report_step(self, task: str, report: dict) -> None:
         with self._lock:
             self._reports.append((task, report))
+            self._news.notify_all()
 
     def note_drops(self, rows: list[int], reason: str) -> None:
         """Rows removed from the store (a filter, staleness, a redundant group cancelled): every
@@ -104,6 +110,7 @@ class Control:
         with self._lock:
             self._removals.append((rows, reason))
             self._drop_log.append((time.time(), len(rows), reason))
+            self._news.notify_all()
 
     def choose(self, step: int, rows: list[int]) -> None:
         """The primary trainer's rows of ``step`` (first_ready, redundancy): the other train
@@ -119,6 +126,7 @@ class Control:
         with self._lock:
             self._errors.append((worker, message, tb))
             self._stop = True
+            self._news.notify_all()
         self.board.wake()
 
     # -- driver ------------------------------------------------------------------------------
@@ -141,10 +149,15 @@ class Control:
     def version(self, model: str) -> int:
         return self.board.version(model)
 
-    def collect(self) -> dict:
+    def collect(self, wait_s: float = 0.0) -> dict:
         """Everything new since the last collect (spans, reports, rewards, drops), and the
-        current busy / exposed-sync integrals of every worker."""
+        current busy / exposed-sync integrals of every worker. ``wait_s`` > 0: first wait up to
+        that long for news (a step report, a drop, an error, a run event), so a driver that
+        would otherwise poll makes one call a step, answered the moment the step ends."""
         with self._lock:
+            if wait_s > 0:
+                self._news.wait_for(lambda: self._reports or self._drop_log or self._errors
+                                    or self._events, timeout=wait_s)
             out = {"spans": self._spans, "reports": self._reports, "rewards": self._rewards,
                    "drops": self._drop_log, "errors": list(self._errors),
                    "busy": dict(self._busy), "exposed": dict(self._exposed),

@@ -260,6 +260,7 @@ class Worker(Loop):
             self._fail(f"{e.__class__.__name__}: {e}", traceback.format_exc())
             return self._final("failed", error=str(e))
         try:
+            self.flush_acks()  # the last lease's ack, carried for a READ that never came
             if self.courier is not None:
                 self.courier.drain()
             self.rec.occupancy(0.0)

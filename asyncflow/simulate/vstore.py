@@ -285,7 +285,7 @@ class VStore(VLeases, StoreBase):
             if popped:
                 t.unpop(rows)
             left = deadline - now
-            if left <= 0:
+            if left <= 0 or self._no_waits:
                 return None
             if self._heap:
                 left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)

@@ -36,8 +36,14 @@ log = logging.getLogger(__name__)
 # driver's 0.01 s loop kept the control actor and the driver busy enough to slow the tiny main
 # job's steps by ~10% on 2 cores.
 LOCAL_DEFAULTS = {"sync_s": 0.005, "backoff_s": 0.002, "read_timeout_s": 0.02}
-RAY_DEFAULTS = {"sync_s": 0.1, "backoff_s": 0.01, "read_timeout_s": 0.1}
+# A batch READ on Ray waits in the store up to 0.5 s for its rows (a read that comes back empty
+# is a call wasted; the stop wakes a waiting read: SampleStore.stop_waits).
+RAY_DEFAULTS = {"sync_s": 0.1, "backoff_s": 0.01, "read_timeout_s": 0.5}
 DRIVER_POLL_S = {"local": 0.01, "ray": 0.05}
+# on Ray the driver's turn waits in the control actor for news (a step report, a drop, an
+# error) up to this long instead of sleeping poll_s between collects: a turn a step, not three,
+# and each as the step ends (a set poll_s keeps the plain polling loop)
+DRIVER_WAIT_S = {"ray": 0.25}
 
 
 @dataclass
@@ -93,6 +99,7 @@ class Driver:
         self.options.setdefault("search_path", refs.search_path(plan.source_file or None))
         self.on_step = on_step
         self.poll_s = DRIVER_POLL_S.get(backend, 0.01) if ro.poll_s is None else ro.poll_s
+        self.wait_s = DRIVER_WAIT_S.get(backend, 0.0) if ro.poll_s is None else 0.0
         self.backend = None
         self.started = False
         self.startup: dict[str, float] = {}  # start-up phase -> seconds (RunResult.startup)
@@ -209,7 +216,8 @@ class Driver:
                 return
             if turn == "next":
                 sup.watchdog()
-                time.sleep(self.poll_s)
+                if not self.wait_s:  # else the next turn's collect waits for news
+                    time.sleep(self.poll_s)
 
     def _prompts(self) -> list[dict]:
         """The training prompts; the first row's text and chat values go to every engine, which
@@ -273,7 +281,7 @@ class Driver:
         sup.kill_requested(self._kill_requests)
         sup.inject_kills(self.inject, self._fired, book.version() if book.done else 0, self.t0)
         try:
-            c = self.control.collect()
+            c = self.control.collect(wait_s=self.wait_s) if self.wait_s else self.control.collect()
         except Exception as e:
             raise lost("control actor", e) from None
         book.take(c)
@@ -321,6 +329,10 @@ class Driver:
         except ControlLost as e:
             log.warning("the workers were not told to stop (%s); they are stopped with the "
                         "backend", e)
+        try:  # a worker waiting in a long read hears of the stop now, not at the read's end
+            store.stop_waits()
+        except Exception as e:  # noqa: BLE001 (a lost store: its readers are gone with it)
+            log.info("the store's waiting reads were not woken (%s)", e)
         if self.started:
             be.join(timeout=float(self.options.get("join_s", 10.0)))
         try:

@@ -22,6 +22,7 @@ class OpHandlers:
         start: the board wakes the worker the moment the trainer publishes (a serve loop never
         blocks: it keeps emitting finished samples)."""
         if self.wants_weights(it):
+            self.flush_acks()
             self.sync(wait_s=self.timeout)
         return True
 
@@ -39,6 +40,7 @@ class OpHandlers:
             return True  # on_update: finish -- in-flight samples end with the old weights first
         newer, self.newer = self.newer, {}
         if newer and self.adopter is not None and not self.stopped:
+            self.flush_acks()  # taking up weights may take a while: what was written goes first
             t = time.time()
             aborted = int(getattr(self.engine, "aborted", 0))
             if self.adopter.adopt(newer):
@@ -62,7 +64,8 @@ class OpHandlers:
                                whole_groups=op.granularity == "group" and op.unit > 1,
                                group_size=op.unit, max_row=self.max_row(),
                                timeout=0.0 if gated or "pull" in it else self.timeout,
-                               lease_s=op.lease_s or None, owner=self.id)
+                               lease_s=op.lease_s or None, owner=self.id,
+                               **self.carried_acks())
         if lease is None:
             self.stats["empty_reads"] += 1
             self.idle = True
@@ -148,7 +151,7 @@ class OpHandlers:
             self.store.ack_rows(lease.id, rows, cols)
             self.progress += 1
         else:
-            self.ack(lease.id, cols)
+            self.ack_later(lease.id, cols)  # with the next READ where the store can
         self.stats["rows"] += len(rows)
         if self.reports_rewards:
             self.pending_rewards.append((list(rows), list(cols[self.task.outputs[0]])))

@@ -47,6 +47,19 @@ class StoreBase:
         self._drops: Counter = Counter()
         self._counters: Counter = Counter()  # leases_reissued, rows_reissued, stale_acks, ...
         self._changes = 0  # bumped whenever rows may have become eligible (long polls watch it)
+        self._no_waits = False  # the run is stopping: reads and long polls no longer wait
+
+    def stop_waits(self) -> None:
+        """The run is stopping: every read or long poll waiting now returns at once, and later
+        ones do not wait (a worker blocked in a long read hears of the stop at once)."""
+        with self._cv:
+            self._no_waits = True
+            self._cv.notify_all()
+
+    @property
+    def waits_stopped(self) -> bool:
+        """:meth:`stop_waits` was called."""
+        return self._no_waits
 
     def _record(self, lease_id: int | Lease):
         """The live lease record ``lease_id`` names (a :class:`Lease` or its id), else None."""

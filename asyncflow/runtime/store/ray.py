@@ -74,6 +74,10 @@ log = logging.getLogger(__name__)
 class RayStore(ShardedReads):
     """A :class:`SampleStore` sharded over ``shards`` Ray actors (module docstring)."""
 
+    #: ``get(..., acks=[(lease, columns), ...])`` acks those leases first, in the read's own
+    #: call where there is one shard (the worker loop's ``Loop.ack_later``)
+    carries_acks = True
+
     def __init__(
         self,
         shards: int = 2,
@@ -233,6 +237,13 @@ class RayStore(ShardedReads):
             refs = [self._shards[s].ack.remote(p, pack_cols(columns), s == first) for s, p in parts.items()]
         return parts, refs
 
+    def _ack_part(self, lease_id: int | Lease, columns: dict | None) -> tuple[int, dict | None]:
+        """One shard's lease ack as it goes with a read (:meth:`get`'s ``acks``): (its part's
+        id, the packed columns)."""
+        lid = getattr(lease_id, "id", lease_id)
+        self._issued.pop(lid, None)
+        return unpack(lid, 1).get(0, MASK), pack_cols(columns)
+
     def _acked(self, parts: dict[int, int], answers: list) -> bool:
         """A lease's ack from its parts' answers: a stale ack (every part had ended) is counted
         once."""
@@ -317,6 +328,12 @@ class RayStore(ShardedReads):
     def expire(self, now: float | None = None) -> int:
         """Expire leases past deadline on every shard; returns the shard leases expired."""
         return sum(self._all("expire", now))
+
+    def stop_waits(self) -> None:
+        """As :meth:`SampleStore.stop_waits`, on every shard; not waited for (the driver says
+        it as the run stops, and a shard that is gone has no reader to wake)."""
+        for h in self._shards:
+            h.call.remote("stop_waits")
 
     def drop(self, rows: list[int], reason: str) -> int:
         refs = [self._shards[s].call.remote("drop", r, reason) for s, (r, _) in self._split(rows, None).items()]

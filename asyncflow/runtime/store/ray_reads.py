@@ -35,8 +35,15 @@ class ShardedReads:
         fields: list[str] | None = None,
         lease_s: float | None = None,
         owner: str | None = None,
+        acks: list | None = None,
     ) -> Lease | None:
-        """As :meth:`SampleStore.get`, across shards (ordering: module docstring)."""
+        """As :meth:`SampleStore.get`, across shards (ordering: module docstring). ``acks``:
+        ``[(lease, columns), ...]`` acked first (:meth:`RayStore.ack`), in the same call as the
+        read where there is one shard (a batches loop's last lease: one round trip, not two)."""
+        if acks and len(self._shards) != 1:
+            for lease_id, columns in acks:
+                self.ack(lease_id, columns)
+            acks = None
         deadline = time.monotonic() + timeout
         sel = {"whole_groups": whole_groups, "group_size": group_size, "max_row": max_row,
                "min_version": min_version, "filter_fn": filter_fn}  # fmt: skip
@@ -45,7 +52,13 @@ class ShardedReads:
         if len(self._shards) == 1:
             kw = {**sel, "min_rows": min_rows, "timeout": timeout, "fields": fields,
                   "lease_s": lease_s, "owner": owner}
-            part = self._get(self._shards[0].get.remote(task, n, kw), timeout)
+            if acks:
+                sent = [self._ack_part(lease_id, columns) for lease_id, columns in acks]
+                answers, part = self._get(self._shards[0].get.remote(task, n, kw, sent), timeout)
+                for (lid, _), answer in zip(sent, answers):
+                    self._acked({0: lid}, [answer])
+            else:
+                part = self._get(self._shards[0].get.remote(task, n, kw), timeout)
             return None if part is None else self._assemble(task, {0: part}, lease_s)
         kw = {**sel, "min_rows": 1, "timeout": 0.0, "fields": fields, "lease_s": lease_s,
               "owner": owner}
@@ -64,6 +77,8 @@ class ShardedReads:
                     return None
                 latest = self._get([h.peek.remote(task, n, sel) for h in self._shards])
                 while True:  # wait until the shards together look like enough
+                    if any(c == -1 for c, _ in latest):  # the run is stopping: no more waits
+                        return None
                     if sum(self._quota(latest, n // unit, unit).values()) >= need:
                         break
                     left = deadline - time.monotonic()

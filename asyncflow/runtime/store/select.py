@@ -165,7 +165,7 @@ class Reads:
             if len(pos) >= need:
                 return pos, now
             left = deadline - now
-            if left <= 0:
+            if left <= 0 or self._no_waits:
                 return None
             if self._heap:  # wake for the next lease expiry too
                 left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)
@@ -253,7 +253,7 @@ class Reads:
                 now = self._clock()
                 self._expire_locked(now)
                 left = deadline - now
-                if left <= 0 or self._changes != since:
+                if left <= 0 or self._changes != since or self._no_waits:
                     break
                 if self._heap:
                     left = min(left, max(self._heap[0][0] - now, 0.0) + 1e-3)

@@ -243,10 +243,16 @@ class Shard:
             self.store.uncount(lease_id)
         return ok
 
-    def get(self, task, n, kw):
-        """A lease of this shard: (id, rows, bookkeeping columns, locators per field, chunks)."""
+    def get(self, task, n, kw, acks: list | None = None):
+        """A lease of this shard: (id, rows, bookkeeping columns, locators per field, chunks).
+        With ``acks`` (``[(lease id, columns), ...]``, a worker's last leases): each acked first
+        (:meth:`ack`), and the answer is ``(their answers, the lease)``."""
+        if acks is None:
+            lease = self.store.get(task, n, **kw)
+            return None if lease is None else self._part(lease)
+        answers = [self.ack(lid, cols or None, True) for lid, cols in acks]
         lease = self.store.get(task, n, **kw)
-        return None if lease is None else self._part(lease)
+        return answers, (None if lease is None else self._part(lease))
 
     def get_split(self, task, n, split, kw):
         """:meth:`SampleStore.get_split` on this shard as one part over all its leases:
@@ -327,9 +333,13 @@ class Shard:
         return getattr(self.store, method)(*args, **kwargs)
 
     def peek(self, task, n, kw, since=None, timeout=0.0, poll_id=None):
+        """:meth:`SampleStore.peek` (a long poll with ``since``); the change counter is -1 once
+        the store's waits are stopped (:meth:`SampleStore.stop_waits`): the handle's read
+        gives up rather than poll again."""
         try:
             cancelled = (lambda: poll_id in self._cancelled) if poll_id else None
-            return self.store.peek(task, n, since=since, timeout=timeout, cancelled=cancelled, **kw)
+            got = self.store.peek(task, n, since=since, timeout=timeout, cancelled=cancelled, **kw)
+            return (-1, got[1]) if self.store.waits_stopped else got
         finally:
             self._cancelled.pop(poll_id, None)
 
