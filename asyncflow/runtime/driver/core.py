@@ -281,7 +281,7 @@ class Driver:
         sup.kill_requested(self._kill_requests)
         sup.inject_kills(self.inject, self._fired, book.version() if book.done else 0, self.t0)
         try:
-            c = self.control.collect(wait_s=self.wait_s) if self.wait_s else self.control.collect()
+            c = self.control.collect(wait_s=self.wait_s)
         except Exception as e:
             raise lost("control actor", e) from None
         book.take(c)

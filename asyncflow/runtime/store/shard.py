@@ -247,12 +247,10 @@ class Shard:
         """A lease of this shard: (id, rows, bookkeeping columns, locators per field, chunks).
         With ``acks`` (``[(lease id, columns), ...]``, a worker's last leases): each acked first
         (:meth:`ack`), and the answer is ``(their answers, the lease)``."""
-        if acks is None:
-            lease = self.store.get(task, n, **kw)
-            return None if lease is None else self._part(lease)
-        answers = [self.ack(lid, cols or None, True) for lid, cols in acks]
+        answers = [self.ack(lid, cols or None, True) for lid, cols in acks or ()]
         lease = self.store.get(task, n, **kw)
-        return answers, (None if lease is None else self._part(lease))
+        part = None if lease is None else self._part(lease)
+        return part if acks is None else (answers, part)
 
     def get_split(self, task, n, split, kw):
         """:meth:`SampleStore.get_split` on this shard as one part over all its leases:
