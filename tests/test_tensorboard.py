@@ -50,3 +50,24 @@ def test_tensorboard_does_not_import_torch(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     assert "reward_mean" in acc.Tags()["scalars"] and "samples/text_summary" in acc.Tags()["tensors"]
+
+
+def test_a_steps_scalars_are_one_event(tmp_path):
+    # an event per scalar and a flush per step cost the driver 1.6 ms of CPU a step (about 30
+    # scalars): a step's scalars are written as one event holding every value
+    import glob
+
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    log = MetricsLog(str(tmp_path / "metrics.jsonl"))
+    for i in range(4):
+        log.append({"step": i, "reward_mean": float(i), "loss": 2.0 * i,
+                    "utilization": {"train": 0.5}})
+    log.close()
+    [path] = glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))
+    events = [e for e in map(Event.FromString, RawEventFileLoader(path).Load())
+              if e.HasField("summary")]
+    assert [e.step for e in events] == [0, 1, 2, 3]
+    assert [sorted((v.tag, v.simple_value) for v in e.summary.value) for e in events][2] == [
+        ("loss", 4.0), ("reward_mean", 2.0), ("utilization/train", 0.5)]
