@@ -98,10 +98,16 @@ class Control:
     def publish(self, model: str, version: int, box: list) -> None:
         self.board.publish(model, version, box)
 
-    def report_step(self, task: str, report: dict) -> None:
+    def report_step(self, task: str, report: dict, beat: tuple | None = None) -> dict | None:
+        """A train step's report. ``beat``: the reporting worker's heartbeat, the arguments of
+        :meth:`sync` (worker, spans, state, known), taken first -- the driver, woken by the
+        report, reads that worker's busy time as of the step's end -- and its answer returned
+        (a trainer's heartbeat rides on its report: one call a step, not two)."""
+        reply = self.sync(*beat) if beat is not None else None
         with self._lock:
             self._reports.append((task, report))
             self._news.notify_all()
+        return reply
 
     def note_drops(self, rows: list[int], reason: str) -> None:
         """Rows removed from the store (a filter, staleness, a redundant group cancelled): every

@@ -43,6 +43,7 @@ are plain calls (the Ray backend hands in proxies).
 """
 from __future__ import annotations
 
+import collections
 import math
 import os
 import socket
@@ -140,6 +141,7 @@ class Worker(Loop):
         self.evaluator = None  # eval: this worker evaluates (asyncflow.runtime.evaluate)
         self._crash = False
         self._last_sync = 0.0
+        self._heard: collections.deque = collections.deque()  # heartbeat answers (courier)
         # liveness: the leases this worker holds (renewed by the heartbeat thread while it
         # computes), the op it is in and since when (and ``progress``, the watchdog's counter)
         self._held: dict[int, float | None] = {}
@@ -188,10 +190,18 @@ class Worker(Loop):
         self.check()
         if self.courier is not None:
             self.courier.check()
+            while self._heard:  # the answers to heartbeats that went with step reports
+                self._hear(self._heard.popleft())
         now = time.time()
         if not force and not wait_s and now - self._last_sync < self.sync_every:
             return self.stopped
         self._last_sync = now
+        self._hear(self.control.sync(*self._beat(), wait_s=wait_s))
+        return self.stopped
+
+    def _beat(self) -> tuple:
+        """This worker's heartbeat: :meth:`Control.sync`'s arguments (worker, spans, state,
+        known), what it reports taken out of the loop's pending lists."""
         known = dict(self.adopter.known) if self.adopter else {}
         for k in ("aborted", "cancelled"):  # the engine's in-flight samples restarted / dropped
             if hasattr(self.engine, k):
@@ -203,13 +213,35 @@ class Worker(Loop):
                  "rewards": self.pending_rewards, "drops": self.pending_drops,
                  "stats": dict(self.stats), "events": self.pending_events}
         self.pending_rewards, self.pending_drops, self.pending_events = [], [], []
-        reply = self.control.sync(self.id, self.rec.drain(), state, known, wait_s=wait_s)
-        self.stopped = bool(reply.get("stop"))
+        return self.id, self.rec.drain(), state, known
+
+    def _hear(self, reply: dict) -> None:
+        """A heartbeat's answer: the stop flag (once set it stays), newer weights, removed
+        rows."""
+        self.stopped = self.stopped or bool(reply.get("stop"))
         if reply.get("newer"):
             self.heard_newer(reply["newer"])
         for rows, reason in reply.get("dropped") or ():
             self.heard_dropped(rows, reason)
-        return self.stopped
+
+    def report_step(self, task: str, report: dict) -> None:
+        """A trainer's step report carries its busy time as of the step's end (``busy``); on
+        Ray also its heartbeat (through the courier, in order), so the next step's periodic
+        sync is not a call of its own; the answer is taken up at the loop's next
+        :meth:`sync`."""
+        # its busy time as of the step's end: the driver's utilization of its pool for this
+        # step, whatever other reports the collect that brings it holds
+        report = {**report, "busy": {self.id: self.rec.busy()}}
+        if self.courier is None:
+            super().report_step(task, report)
+            return
+        beat = self._beat()
+        self._last_sync = time.time()
+        self.courier.send(self._report_and_hear, task, report, beat)
+
+    def _report_and_hear(self, task: str, report: dict, beat: tuple) -> None:
+        """(the courier's thread) The report with the heartbeat; its answer kept for the loop."""
+        self._heard.append(self.control.report_step(task, report, beat))
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict:

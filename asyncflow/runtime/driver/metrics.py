@@ -81,7 +81,9 @@ class StepBook:
         rvals = [float(x) for x in rvals if isinstance(x, (int, float))]
         r_mean, r_std = mean_std(rvals)
         stl = rep["staleness"]
-        busy, exposed = c["busy"], c["exposed"]
+        busy, exposed = dict(c["busy"]), c["exposed"]
+        for r in reps.values():  # a trainer's busy time as of its step's end (its report's)
+            busy.update(r.get("busy") or {})
         util = _utilization(plan, busy, last["busy"], window)
         dev = {p.name: p.devices for p in plan.pools}
         dev_pools = [p for p in util if p in dev and dev[p]]
@@ -142,7 +144,8 @@ def merged_shares(reps: dict[int, dict]) -> dict:
     """One train step's report of a data-parallel trainer from its replicas' (``{replica:
     report}``, each of its share of the step's rows): the rows, their rewards and staleness
     together in row order; the metrics, samples, checkpoint and export replica 0's (the metrics
-    are the global step's on every replica; only replica 0 exports); the slowest compute."""
+    are the global step's on every replica; only replica 0 exports); the slowest compute; each
+    replica's busy time as of its share's end."""
     first = reps[min(reps)]
     triples = sorted((r, rw, st) for rep in reps.values()
                      for r, rw, st in zip(rep["rows"], _padded(rep.get("rewards"), rep["rows"]),
@@ -154,7 +157,8 @@ def merged_shares(reps: dict[int, dict]) -> dict:
             "checkpoint": first.get("checkpoint") or next(
                 (r["checkpoint"] for r in reps.values() if r.get("checkpoint")), None),
             "next_row": max(r.get("next_row") or 0 for r in reps.values()),
-            "compute_s": max(r.get("compute_s", 0.0) for r in reps.values())}
+            "compute_s": max(r.get("compute_s", 0.0) for r in reps.values()),
+            "busy": {w: b for r in reps.values() for w, b in (r.get("busy") or {}).items()}}
 
 
 def _padded(values, rows) -> list:

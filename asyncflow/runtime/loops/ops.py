@@ -205,7 +205,7 @@ class OpHandlers:
             # the last step, and each checkpoint: RUN_DIR/final holds the newest trained model
             # even of a run that is killed later
             exported = export.write_final(self.engine, run_dir, self.plan, self.task.name, step + 1)
-        self.send(self.control.report_step, self.task.name, {
+        self.report_step(self.task.name, {
             "replica": self.wp.replica, "checkpoint": ckpt, "export": exported, "step": step,
             "version": step + 1, "end": time.time(),
             "rows": rows, "staleness": self.staleness_of(step, versions),

@@ -161,6 +161,11 @@ class Loop(Flows, OpHandlers, ServeLoop, StepReads):
         (:mod:`asyncflow.runtime.courier`)."""
         fn(*args)
 
+    def report_step(self, task: str, report: dict) -> None:
+        """Report a train step to the control (:meth:`send`: the loop does not wait); the Ray
+        host's heartbeat goes with it."""
+        self.send(self.control.report_step, task, report)
+
     def fetch(self, fn, *args, **kwargs) -> Future:
         """Make a call whose answer the loop takes later (a trainer's read of the next step's
         rows, made while it finishes this one): at once here, its answer (or exception) in a
