@@ -1,7 +1,8 @@
 """A trainer's heartbeat rides on its step report (asyncflow/runtime/control.py report_step,
 asyncflow/runtime/worker.py): one control call a step instead of two on Ray, and each step's
 utilization of the train pool is the trainer's busy time as of that step's end, whatever
-reports one collect of the driver brings."""
+reports one collect of the driver brings; and the workers of one Ray actor process send their
+heartbeats together (Worker.carriable, Control.sync's ``others``)."""
 from __future__ import annotations
 
 from asyncflow.runtime.control import Control
@@ -56,3 +57,22 @@ def test_without_a_reported_busy_the_collects_is_used():
     c = {"busy": {"update/0": 1.0}, "exposed": {}, "stats": {}}
     [row] = [book.row(s, reps, c, _Store(), 0.0, 0) for s, reps in book.complete_steps()]
     assert row["utilization"]["train"] == 0.5
+
+
+def test_a_sync_carries_the_heartbeats_of_its_process_neighbours():
+    # Ray: the workers of one actor process that take no weights and report no rewards have
+    # their busy time and spans carried by a neighbour's sync (asyncflow/runtime/worker.py
+    # Worker.carriable); each is told its own stop flag and removed rows
+    c = Control()
+    c.sync("advantage/0", [], {"busy": 0.1, "stats": {"rows": 8}, "exposed_s": 0.0}, {})
+    c.note_drops([8, 9], "filter")
+    span = {"name": "COMPUTE", "worker": "advantage/0"}
+    reply = c.sync("score/0", [], {"busy": 0.5}, {},
+                   others=[("advantage/0", [span], {"busy": 0.3})])
+    assert reply["dropped"] == [([8, 9], "filter")]
+    assert reply["others"] == {"advantage/0": {"stop": False, "dropped": [([8, 9], "filter")]}}
+    got = c.collect()
+    assert got["busy"] == {"advantage/0": 0.3, "score/0": 0.5} and got["spans"] == [span]
+    assert got["stats"]["advantage/0"] == {"rows": 8}  # what a carried beat lacks stays
+    again = c.sync("advantage/0", [], {"busy": 0.4}, {})
+    assert again["dropped"] == [] and "others" not in again  # told once

@@ -70,30 +70,49 @@ class Control:
 
     # -- workers -----------------------------------------------------------------------------
     def sync(self, worker: str, spans: list, state: dict, known: dict,
-             wait_s: float = 0.0) -> dict:
+             wait_s: float = 0.0, others: list | tuple = ()) -> dict:
         """A worker's heartbeat: its spans and state in; the stop flag, the newer weights and
         the rows removed from the store since its last sync (``dropped``: ``(rows, reason)``
         pairs: a rollout cancels them in flight, a trainer's window skips them) out.
         ``wait_s`` > 0: wait up to that long for a newer version when there is none yet (a
-        rollout the staleness gate holds back)."""
+        rollout the staleness gate holds back). ``others``: the heartbeats of workers of the
+        same process that take no weights, ``(worker, spans, state)`` each, taken as theirs;
+        their answers (the stop flag, their removed rows) under ``others``, by worker."""
         with self._lock:
-            self._spans.extend(spans)
-            self._busy[worker] = float(state.get("busy", 0.0))
-            self._exposed[worker] = float(state.get("exposed_s", 0.0))
-            self._stats[worker] = state.get("stats", {})
-            self._seen[worker] = time.time()
-            self._rewards.extend(state.get("rewards", ()))
-            self._events.extend(state.get("events", ()))
-            for rows, reason in state.get("drops", ()):
-                self._drop_log.append((time.time(), len(rows), reason))
-            if state.get("drops") or state.get("events"):
-                self._news.notify_all()
+            self._take_beat(worker, spans, state)
+            for w, sp, st in others:
+                self._take_beat(w, sp, st)
             stop = self._stop
-            seen = self._cursor.get(worker, 0)
-            dropped = self._removals[seen:]
-            self._cursor[worker] = len(self._removals)
+            dropped = self._told(worker)
+            told = {w: {"stop": stop, "dropped": self._told(w)} for w, _, _ in others}
         newer = self.board.newer(known, 0.0 if stop else wait_s) if known else {}
-        return {"stop": stop or self._stop, "newer": newer, "dropped": dropped}
+        out = {"stop": stop or self._stop, "newer": newer, "dropped": dropped}
+        if told:
+            out["others"] = told
+        return out
+
+    def _take_beat(self, worker: str, spans: list, state: dict) -> None:
+        """(under the lock) One heartbeat's spans and state; what it does not carry (a carried
+        heartbeat has only busy time and spans) stays as the worker's last said."""
+        self._spans.extend(spans)
+        self._busy[worker] = float(state.get("busy", 0.0))
+        if "exposed_s" in state:
+            self._exposed[worker] = float(state["exposed_s"])
+        if "stats" in state:
+            self._stats[worker] = state["stats"]
+        self._seen[worker] = time.time()
+        self._rewards.extend(state.get("rewards", ()))
+        self._events.extend(state.get("events", ()))
+        for rows, reason in state.get("drops", ()):
+            self._drop_log.append((time.time(), len(rows), reason))
+        if state.get("drops") or state.get("events"):
+            self._news.notify_all()
+
+    def _told(self, worker: str) -> list:
+        """(under the lock) The removals ``worker`` has not been told of yet, now told."""
+        seen = self._cursor.get(worker, 0)
+        self._cursor[worker] = len(self._removals)
+        return self._removals[seen:]
 
     def publish(self, model: str, version: int, box: list) -> None:
         self.board.publish(model, version, box)

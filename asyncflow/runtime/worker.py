@@ -127,6 +127,11 @@ def cpu_report(cpu: dict[str, float]) -> dict[str, float]:
     return {op: v for op, v in ((op, round(s, 6)) for op, s in sorted(cpu.items())) if v > 0}
 
 
+# the workers running in this process (a Ray actor's threads): a sync of one carries the
+# heartbeats of those that may be carried (Worker.carriable), one actor call for several
+_PROCESS: list = []
+
+
 class Worker(Loop):
     """The loop of one task replica, in real time; ``run()`` returns a summary dict when the
     run stops."""
@@ -142,6 +147,7 @@ class Worker(Loop):
         self._crash = False
         self._last_sync = 0.0
         self._heard: collections.deque = collections.deque()  # heartbeat answers (courier)
+        self._synced = False  # it has made a sync of its own (then others may carry its beat)
         # liveness: the leases this worker holds (renewed by the heartbeat thread while it
         # computes), the op it is in and since when (and ``progress``, the watchdog's counter)
         self._held: dict[int, float | None] = {}
@@ -190,14 +196,41 @@ class Worker(Loop):
         self.check()
         if self.courier is not None:
             self.courier.check()
-            while self._heard:  # the answers to heartbeats that went with step reports
-                self._hear(self._heard.popleft())
+        while self._heard:  # answers to heartbeats that went with a report or another's sync
+            self._hear(self._heard.popleft())
         now = time.time()
         if not force and not wait_s and now - self._last_sync < self.sync_every:
             return self.stopped
         self._last_sync = now
-        self._hear(self.control.sync(*self._beat(), wait_s=wait_s))
+        carried = self._carried(now)
+        reply = self.control.sync(*self._beat(), wait_s=wait_s,
+                                  **({"others": [b for _, b in carried]} if carried else {}))
+        self._hear(reply)
+        self._synced = True
+        for w, _ in carried:
+            w._heard.append(reply["others"][w.id])
         return self.stopped
+
+    def carriable(self) -> bool:
+        """Whether another worker of this process may carry this one's heartbeat (its busy
+        time and spans) with its own sync: a ``batches`` loop that takes no weights and reports
+        no rewards, with nothing else to report now, on Ray (one actor call a heartbeat), once
+        it has synced itself (its first sync says its engine is built: the driver's start-up
+        waits for it)."""
+        return (self._synced and self.host.ray and self.loop == "batches" and self.adopter is None
+                and not self.reports_rewards and not self.pending_drops
+                and not self.pending_events and not self._crash)
+
+    def _carried(self, now: float) -> list:
+        """The heartbeats this sync carries: those of the other workers of this process that
+        may be carried (:meth:`carriable`) and are due within half a sync period; each is
+        marked as made now (its own next periodic sync waits a period)."""
+        out = []
+        for w in list(_PROCESS):
+            if w is not self and w.carriable() and now - w._last_sync >= 0.5 * w.sync_every:
+                w._last_sync = now
+                out.append((w, (w.id, w.rec.drain(), {"busy": w.rec.busy()})))
+        return out
 
     def _beat(self) -> tuple:
         """This worker's heartbeat: :meth:`Control.sync`'s arguments (worker, spans, state,
@@ -246,12 +279,16 @@ class Worker(Loop):
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
         self._ident = threading.get_ident()
+        if self.host.ray:  # the workers of this process (whose heartbeats may go together)
+            _PROCESS.append(self)
         beat = threading.Thread(target=self._heartbeat, name=f"asyncflow-beat:{self.id}",
                                 daemon=True)
         beat.start()
         try:
             return self._run()
         finally:
+            if self in _PROCESS:
+                _PROCESS.remove(self)
             self._beat_stop.set()
             if self.reader is not None:  # a read ahead of a step that never came is not waited for
                 self.reader.shutdown(wait=False)
