@@ -59,6 +59,7 @@ from asyncflow.refs import accepted, resolve
 from asyncflow.runtime import checkpoint, devices
 from asyncflow.runtime.contract import TaskError
 from asyncflow.runtime.evaluate import Evaluator
+from asyncflow.runtime.heartbeat import PROCESS, Heartbeats
 from asyncflow.runtime.hosts import RayHost, ThreadHost
 from asyncflow.runtime.loops import Loop
 from asyncflow.runtime.signals import Crash, Stop
@@ -127,12 +128,7 @@ def cpu_report(cpu: dict[str, float]) -> dict[str, float]:
     return {op: v for op, v in ((op, round(s, 6)) for op, s in sorted(cpu.items())) if v > 0}
 
 
-# the workers running in this process (a Ray actor's threads): a sync of one carries the
-# heartbeats of those that may be carried (Worker.carriable), one actor call for several
-_PROCESS: list = []
-
-
-class Worker(Loop):
+class Worker(Heartbeats, Loop):
     """The loop of one task replica, in real time; ``run()`` returns a summary dict when the
     run stops."""
 
@@ -189,106 +185,19 @@ class Worker(Loop):
         if self._crash:
             raise Crash()
 
-    def sync(self, force: bool = False, wait_s: float = 0.0) -> bool:
-        """Flush spans/busy/reports, learn the stop flag, of newer weights (the ADOPT op takes
-        them up) and of removed rows. ``wait_s``: wait up to that long for a newer version if
-        there is none (a gated worker's WAIT). Returns True when the run is stopping."""
-        self.check()
-        if self.courier is not None:
-            self.courier.check()
-        while self._heard:  # answers to heartbeats that went with a report or another's sync
-            self._hear(self._heard.popleft())
-        now = time.time()
-        if not force and not wait_s and now - self._last_sync < self.sync_every:
-            return self.stopped
-        self._last_sync = now
-        carried = self._carried(now)
-        reply = self.control.sync(*self._beat(), wait_s=wait_s,
-                                  **({"others": [b for _, b in carried]} if carried else {}))
-        self._hear(reply)
-        self._synced = True
-        for w, _ in carried:
-            w._heard.append(reply["others"][w.id])
-        return self.stopped
-
-    def carriable(self) -> bool:
-        """Whether another worker of this process may carry this one's heartbeat (its busy
-        time and spans) with its own sync: a ``batches`` loop that takes no weights and reports
-        no rewards, with nothing else to report now, on Ray (one actor call a heartbeat), once
-        it has synced itself (its first sync says its engine is built: the driver's start-up
-        waits for it)."""
-        return (self._synced and self.host.ray and self.loop == "batches" and self.adopter is None
-                and not self.reports_rewards and not self.pending_drops
-                and not self.pending_events and not self._crash)
-
-    def _carried(self, now: float) -> list:
-        """The heartbeats this sync carries: those of the other workers of this process that
-        may be carried (:meth:`carriable`) and are due within half a sync period; each is
-        marked as made now (its own next periodic sync waits a period)."""
-        out = []
-        for w in list(_PROCESS):
-            if w is not self and w.carriable() and now - w._last_sync >= 0.5 * w.sync_every:
-                w._last_sync = now
-                out.append((w, (w.id, w.rec.drain(), {"busy": w.rec.busy()})))
-        return out
-
-    def _beat(self) -> tuple:
-        """This worker's heartbeat: :meth:`Control.sync`'s arguments (worker, spans, state,
-        known), what it reports taken out of the loop's pending lists."""
-        known = dict(self.adopter.known) if self.adopter else {}
-        for k in ("aborted", "cancelled"):  # the engine's in-flight samples restarted / dropped
-            if hasattr(self.engine, k):
-                self.stats[k] = int(getattr(self.engine, k))
-        if self.adopter is not None and self.adopter.receivers:  # bytes a collective brought
-            self.stats["sync_bytes"] = self.adopter.bytes
-        state = {"busy": self.rec.busy(),
-                 "exposed_s": self.adopter.exposed_s if self.adopter else 0.0,
-                 "rewards": self.pending_rewards, "drops": self.pending_drops,
-                 "stats": dict(self.stats), "events": self.pending_events}
-        self.pending_rewards, self.pending_drops, self.pending_events = [], [], []
-        return self.id, self.rec.drain(), state, known
-
-    def _hear(self, reply: dict) -> None:
-        """A heartbeat's answer: the stop flag (once set it stays), newer weights, removed
-        rows."""
-        self.stopped = self.stopped or bool(reply.get("stop"))
-        if reply.get("newer"):
-            self.heard_newer(reply["newer"])
-        for rows, reason in reply.get("dropped") or ():
-            self.heard_dropped(rows, reason)
-
-    def report_step(self, task: str, report: dict) -> None:
-        """A trainer's step report carries its busy time as of the step's end (``busy``); on
-        Ray also its heartbeat (through the courier, in order), so the next step's periodic
-        sync is not a call of its own; the answer is taken up at the loop's next
-        :meth:`sync`."""
-        # its busy time as of the step's end: the driver's utilization of its pool for this
-        # step, whatever other reports the collect that brings it holds
-        report = {**report, "busy": {self.id: self.rec.busy()}}
-        if self.courier is None:
-            super().report_step(task, report)
-            return
-        beat = self._beat()
-        self._last_sync = time.time()
-        self.courier.send(self._report_and_hear, task, report, beat)
-
-    def _report_and_hear(self, task: str, report: dict, beat: tuple) -> None:
-        """(the courier's thread) The report with the heartbeat; its answer kept for the loop."""
-        self._heard.append(self.control.report_step(task, report, beat))
-
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
         self._ident = threading.get_ident()
         if self.host.ray:  # the workers of this process (whose heartbeats may go together)
-            _PROCESS.append(self)
+            PROCESS.append(self)
         beat = threading.Thread(target=self._heartbeat, name=f"asyncflow-beat:{self.id}",
                                 daemon=True)
         beat.start()
         try:
             return self._run()
         finally:
-            if self in _PROCESS:
-                _PROCESS.remove(self)
+            if self in PROCESS:
+                PROCESS.remove(self)
             self._beat_stop.set()
             if self.reader is not None:  # a read ahead of a step that never came is not waited for
                 self.reader.shutdown(wait=False)
