@@ -13,7 +13,8 @@ together where they can (docs/architecture.md):
   (:meth:`Heartbeats.carriable`), and each is told its own stop flag and removed rows.
 
 Answers that come on another thread (the courier's, a neighbour's) wait in ``_heard`` until
-the worker's own loop takes them up at its next :meth:`Heartbeats.sync`.
+the worker's own loop takes them up at its next :meth:`Heartbeats.sync`. (The liveness beat --
+leases renewed, the op the loop is in -- is another thing: ``Worker._heartbeat``'s thread.)
 """
 from __future__ import annotations
 

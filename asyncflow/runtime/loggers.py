@@ -220,24 +220,24 @@ class _EventWriter:
         self._pb, self._tensor, self._shape, self._event = summary_pb2, tensor_pb2, tensor_shape_pb2, Event
         self._w = EventFileWriter(directory)
 
-    def _add(self, value, step: int) -> None:
+    def _add(self, values: list, step: int) -> None:
+        """One event of step ``step`` whose summary holds ``values``."""
         self._w.add_event(self._event(wall_time=time.time(), step=int(step),
-                                      summary=self._pb.Summary(value=[value])))
+                                      summary=self._pb.Summary(value=values)))
 
     def add_scalars(self, pairs, step: int) -> None:
         """(tag, value) pairs of one step as one event: a summary of several values, as a
         merged TensorFlow summary is (TensorBoard reads each value as its tag's point)."""
         values = [self._pb.Summary.Value(tag=k, simple_value=float(v)) for k, v in pairs]
         if values:
-            self._w.add_event(self._event(wall_time=time.time(), step=int(step),
-                                          summary=self._pb.Summary(value=values)))
+            self._add(values, step)
 
     def add_text(self, tag: str, text: str, step: int) -> None:
         meta = self._pb.SummaryMetadata(plugin_data=self._pb.SummaryMetadata.PluginData(plugin_name="text"))
         shape = self._shape.TensorShapeProto(dim=[self._shape.TensorShapeProto.Dim(size=1)])
         tensor = self._tensor.TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")],
                                           tensor_shape=shape)
-        self._add(self._pb.Summary.Value(tag=f"{tag}/text_summary", metadata=meta, tensor=tensor), step)
+        self._add([self._pb.Summary.Value(tag=f"{tag}/text_summary", metadata=meta, tensor=tensor)], step)
 
     def flush(self) -> None:
         self._w.flush()

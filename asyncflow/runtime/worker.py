@@ -142,7 +142,8 @@ class Worker(Heartbeats, Loop):
         self.evaluator = None  # eval: this worker evaluates (asyncflow.runtime.evaluate)
         self._crash = False
         self._last_sync = 0.0
-        self._heard: collections.deque = collections.deque()  # heartbeat answers (courier)
+        # answers to heartbeats sent on another thread (its courier's, a neighbour's sync)
+        self._heard: collections.deque = collections.deque()
         self._synced = False  # it has made a sync of its own (then others may carry its beat)
         # liveness: the leases this worker holds (renewed by the heartbeat thread while it
         # computes), the op it is in and since when (and ``progress``, the watchdog's counter)
